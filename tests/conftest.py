@@ -1,0 +1,74 @@
+"""Tiny random-weight model pairs built in-process (float32, fixed seeds) for fast CPU tests."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from transformers import (
+    AutoModelForCausalLM,
+    GPT2Config,
+    LlamaConfig,
+    PreTrainedModel,
+    PreTrainedTokenizerFast,
+    Qwen2Config,
+)
+
+torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+
+VOCAB = 96
+ARCHS = ("llama", "qwen2", "gpt2")
+
+
+def make_tokenizer(vocab: int = VOCAB) -> PreTrainedTokenizerFast:
+    """A character-level tokenizer: ids 0..3 special, then printable ASCII."""
+    chars = [chr(c) for c in range(32, 32 + vocab - 4)]
+    table = {"<pad>": 0, "<s>": 1, "</s>": 2, "<unk>": 3} | {c: i + 4 for i, c in enumerate(chars)}
+    tok = Tokenizer(models.WordLevel(vocab=table, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>", pad_token="<pad>"
+    )
+    return fast
+
+
+def make_model(arch: str, seed: int, layers: int = 2, hidden: int = 32, vocab: int = VOCAB,
+               max_pos: int = 256) -> PreTrainedModel:
+    torch.manual_seed(seed)
+    common = dict(vocab_size=vocab, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    if arch == "llama":
+        cfg = LlamaConfig(hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=max_pos, **common)
+    elif arch == "qwen2":
+        cfg = Qwen2Config(hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=max_pos, **common)
+    elif arch == "gpt2":
+        cfg = GPT2Config(n_embd=hidden, n_layer=layers, n_head=4, n_positions=max_pos, **common)
+    else:
+        raise ValueError(arch)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    # Sharpen the random logits so greedy paths are neither constant nor pure noise.
+    with torch.no_grad():
+        model.get_output_embeddings().weight.mul_(8.0)
+    return model.eval()
+
+
+@pytest.fixture(scope="session")
+def tokenizer() -> PreTrainedTokenizerFast:
+    return make_tokenizer()
+
+
+@pytest.fixture(scope="session")
+def tiny_pair_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A saved Llama target/draft pair with a shared tokenizer, for from_pretrained and CLI tests."""
+    root = tmp_path_factory.mktemp("pair")
+    tok = make_tokenizer()
+    for name, seed, layers in (("target", 0, 2), ("draft", 1, 1)):
+        model = make_model("llama", seed, layers=layers)
+        model.save_pretrained(root / name)
+        tok.save_pretrained(root / name)
+    return root
