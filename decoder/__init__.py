@@ -1,0 +1,28 @@
+"""Lossless tree speculative decoding for any pair of Hugging Face causal LMs sharing a tokenizer."""
+
+from .draft import Candidates, DraftContext, DraftResult, draft_tree
+from .engine import DEFAULTS, DecodeConfig, TreeDecoder
+from .errors import TreewiseError
+from .nodelog import (
+    FEATURE_COLUMNS,
+    LABEL_COLUMNS,
+    SCHEMA,
+    SCHEMA_VERSION,
+    TOKEN_TYPES,
+    NodeLogError,
+    NodeLogWriter,
+    read_node_logs,
+)
+from .policy import Chain, Frontier, LevelPlan, RequestInfo, StaticTree, StepOutcome, TreePolicy, top_k_mask
+from .results import GenerationResult, GenerationStats, StepStats
+from .tree import DraftTree, chain_then_tree, tree_attention_mask
+from .verify import Acceptance, Sampling, Verifier, VerifyInput, verify, verify_greedy
+
+__all__ = [
+    "DEFAULTS", "FEATURE_COLUMNS", "LABEL_COLUMNS", "SCHEMA", "SCHEMA_VERSION", "TOKEN_TYPES", "Acceptance",
+    "Candidates", "Chain", "DecodeConfig", "DraftContext", "DraftResult", "DraftTree", "Frontier",
+    "GenerationResult", "GenerationStats", "LevelPlan", "NodeLogError", "NodeLogWriter", "RequestInfo",
+    "Sampling", "StaticTree", "StepOutcome", "StepStats", "TreeDecoder", "TreePolicy", "TreewiseError",
+    "Verifier", "VerifyInput", "chain_then_tree", "draft_tree", "read_node_logs", "top_k_mask",
+    "tree_attention_mask", "verify", "verify_greedy",
+]

@@ -1,0 +1,227 @@
+"""TreeDecoder: draft -> verify -> accept -> cache update, one step per target forward."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from pydantic import BaseModel, ConfigDict
+from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
+
+from .draft import DraftContext, DraftResult, draft_tree
+from .errors import TreewiseError
+from .kvcache import keep_rows
+from .loading import check_pair, load_pair
+from .logrows import RowMeta, step_rows
+from .nodelog import NodeLogWriter
+from .policy import RequestInfo, StaticTree, StepOutcome, TreePolicy
+from .results import FinishReason, GenerationResult, GenerationStats, StepStats
+from .tokentypes import token_type_table
+from .tree import DraftTree, chain_then_tree, tree_attention_mask
+from .verify import Acceptance, DraftMode, Sampling, Verifier, VerifyInput, verify
+
+
+class DecodeConfig(BaseModel):
+    """Defaults of a generation; the CLI reads its defaults from here."""
+
+    model_config = ConfigDict(frozen=True)
+
+    max_new_tokens: int = 128
+    temperature: float = 0.0
+    width: int = 2
+    depth: int = 4
+    draft_mode: DraftMode = "topk"
+
+
+DEFAULTS = DecodeConfig()
+
+
+@dataclass
+class _Request:
+    """Mutable state of one generation."""
+
+    seq: torch.Tensor  # [L] prompt + generated tokens; the last one is pending (not in the target cache)
+    prompt_len: int
+    max_new_tokens: int
+    target_cache: DynamicCache = field(default_factory=DynamicCache)
+    draft_cache: DynamicCache = field(default_factory=DynamicCache)
+    generated: list[int] = field(default_factory=list)
+    tried: int = 0
+    accepted: int = 0
+    prev_accepted: int = -1
+    finish: FinishReason | None = None
+
+    @property
+    def running_accept_rate(self) -> float:
+        return self.accepted / self.tried if self.tried else float("nan")
+
+
+class TreeDecoder:
+    """Lossless tree speculative decoding for a target/draft pair of Hugging Face causal LMs."""
+
+    def __init__(self, target: PreTrainedModel, draft: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
+                 verifier: Verifier = verify) -> None:
+        check_pair(target, draft)
+        self.target, self.draft, self.tokenizer = target.eval(), draft.eval(), tokenizer
+        self.verifier = verifier
+        self.device = next(target.parameters()).device
+        self.vocab = int(target.get_output_embeddings().weight.shape[0])
+        self.context = _context_length(target)
+        gen_cfg = target.generation_config
+        eos = gen_cfg.eos_token_id if gen_cfg.eos_token_id is not None else target.config.eos_token_id
+        self.eos_ids = frozenset([eos] if isinstance(eos, int) else (eos or []))
+        self._token_types = token_type_table(tokenizer, self.vocab)
+
+    @classmethod
+    def from_pretrained(cls, target: str | Path, draft: str | Path, device: str | None = None,
+                        dtype: str | torch.dtype | None = None, trust_remote_code: bool = False) -> TreeDecoder:
+        """Load both models and the shared tokenizer (CUDA + bf16 when present, else CPU + float32)."""
+        t, d, tok = load_pair(target, draft, device=device, dtype=dtype, trust_remote_code=trust_remote_code)
+        return cls(t, d, tok)
+
+    @torch.inference_mode()
+    def generate(self, prompt: str | list[int], max_new_tokens: int = DEFAULTS.max_new_tokens,
+                 tree: TreePolicy | None = None, temperature: float = DEFAULTS.temperature,
+                 top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
+                 domain: str = "unknown", prompt_id: str = "", run_id: str = "",
+                 log: NodeLogWriter | None = None, draft_mode: DraftMode = DEFAULTS.draft_mode) -> GenerationResult:
+        sampling = Sampling(temperature, top_k, top_p)
+        policy = tree if tree is not None else StaticTree(DEFAULTS.width, DEFAULTS.depth)
+        ids = self._encode(prompt, max_new_tokens)
+        gen = torch.Generator().manual_seed(seed) if seed is not None else None
+        req = _Request(seq=torch.tensor(ids, device=self.device), prompt_len=len(ids), max_new_tokens=max_new_tokens)
+        policy.start(RequestInfo(domain, len(ids), max_new_tokens, temperature))
+        stats = GenerationStats()
+        start = time.perf_counter()
+        while req.finish is None:
+            t0 = time.perf_counter()
+            ctx = self._context(req, len(stats.steps), domain)
+            dr = draft_tree(self.draft, req.draft_cache, req.seq, policy, ctx, sampling, draft_mode, self.vocab, gen)
+            logits, verify_s = self._target_forward(req, dr.tree)
+            acc = self.verifier(VerifyInput(dr.tree, logits, sampling, draft_mode, dr.draft_probs, gen))
+            emitted = self._emit(req, dr.tree, acc)
+            if log is not None:
+                meta = RowMeta(run_id, prompt_id, domain, ctx.step, ctx.position, req.prompt_len,
+                               ctx.running_accept_rate, ctx.prev_accepted, temperature)
+                log.add_step(step_rows(dr.candidates, acc, logits.argmax(-1), self._token_types, meta))
+            self._commit(req, dr, acc, emitted)
+            tried = int((dr.tree.parents[1:].unsqueeze(1) == torch.tensor(acc.path)).any(1).sum())
+            policy.observe(StepOutcome(ctx.step, dr.tree.size - 1, acc.accepted, tried))
+            req.tried, req.accepted, req.prev_accepted = req.tried + tried, req.accepted + acc.accepted, acc.accepted
+            other = time.perf_counter() - t0 - dr.forward_s - verify_s
+            stats.steps.append(StepStats(dr.candidates.size, dr.tree.size - 1, acc.accepted, len(emitted),
+                                         dr.forwards, dr.forward_s, verify_s, other))
+        stats.total_s = time.perf_counter() - start
+        if log is not None:
+            log.end_request()
+        text = self.tokenizer.decode(req.generated, skip_special_tokens=True)
+        return GenerationResult(text, list(req.generated), ids, req.finish, stats)
+
+    @torch.inference_mode()
+    def generate_plain(self, prompt: str | list[int],
+                       max_new_tokens: int = DEFAULTS.max_new_tokens) -> GenerationResult:
+        """The target's own greedy decoding through ``model.generate``: the reference and the baseline."""
+        ids = self._encode(prompt, max_new_tokens)
+        inp = torch.tensor([ids], device=self.device)
+        start = time.perf_counter()
+        out = self.target.generate(inp, attention_mask=torch.ones_like(inp), do_sample=False,
+                                   max_new_tokens=max_new_tokens, pad_token_id=self._pad_id())
+        elapsed = time.perf_counter() - start
+        new = out[0, len(ids):].tolist()
+        finish: FinishReason = "eos" if new and new[-1] in self.eos_ids else "length"
+        stats = GenerationStats(steps=[StepStats(0, 0, 0, 1, 0, 0.0, 0.0, 0.0)] * len(new), total_s=elapsed)
+        return GenerationResult(self.tokenizer.decode(new, skip_special_tokens=True), new, ids, finish, stats)
+
+    # -- stages ------------------------------------------------------------------------------------
+
+    def _context(self, req: _Request, step: int, domain: str) -> DraftContext:
+        room = self.context - req.seq.numel() - 1  # positions left after the bonus token
+        max_depth = max(0, min(req.max_new_tokens - len(req.generated) - 1, room))
+        return DraftContext(step, len(req.generated), req.prompt_len, domain, max_depth,
+                            req.running_accept_rate, req.prev_accepted)
+
+    def _target_forward(self, req: _Request, tree: DraftTree) -> tuple[torch.Tensor, float]:
+        """One stock forward over the uncached committed tokens plus the tree; logits [n, V] at tree nodes."""
+        cached = req.target_cache.get_seq_length()
+        chain = req.seq[cached:-1]  # committed tokens before the root not yet in the cache
+        c = chain.numel()
+        tokens = torch.cat([chain, tree.tokens.to(self.device)])
+        vis = chain_then_tree(c, tree.ancestor_mask.to(self.device))
+        dtype = next(self.target.parameters()).dtype
+        mask = tree_attention_mask(vis, cached, dtype)
+        root_pos = req.seq.numel() - 1
+        pos = torch.cat([torch.arange(cached, cached + c, device=self.device),
+                         tree.position_ids(root_pos).to(self.device)])
+        t0 = time.perf_counter()
+        out = self.target(input_ids=tokens[None], position_ids=pos[None], attention_mask=mask,
+                          cache=req.target_cache, use_cache=True, logits_to_keep=tree.size)
+        logits = out.logits[0].float()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return logits, time.perf_counter() - t0
+
+    def _emit(self, req: _Request, tree: DraftTree, acc: Acceptance) -> list[int]:
+        """Accepted tokens plus the bonus, cut at EOS, max_new_tokens and the context length."""
+        proposed = tree.tokens[acc.path[1:]].tolist() + [acc.bonus]
+        emitted: list[int] = []
+        for token in proposed:
+            emitted.append(token)
+            req.generated.append(token)
+            if token in self.eos_ids:
+                req.finish = "eos"
+            elif len(req.generated) >= req.max_new_tokens:
+                req.finish = "length"
+            elif req.seq.numel() + len(emitted) >= self.context:
+                req.finish = "context"
+            if req.finish is not None:
+                break
+        return emitted
+
+    def _commit(self, req: _Request, dr: DraftResult, acc: Acceptance, emitted: list[int]) -> None:
+        """Keep only the accepted path in both caches; append the emitted tokens to the sequence."""
+        if req.finish is None:
+            path = torch.tensor(acc.path[1:], dtype=torch.long)
+            committed = req.seq.numel()  # every token up to and including the root
+            keep_rows(req.target_cache, committed, committed - 1 + path)
+            slots = dr.fed_slot[path]
+            fed = slots[: int((slots >= 0).cumprod(0).sum())]  # fed nodes are a prefix of the path
+            if req.draft_cache.get_seq_length() >= committed:
+                keep_rows(req.draft_cache, committed, committed + fed)
+        req.seq = torch.cat([req.seq, torch.tensor(emitted, dtype=req.seq.dtype, device=self.device)])
+
+    # -- helpers -----------------------------------------------------------------------------------
+
+    def _encode(self, prompt: str | list[int], max_new_tokens: int) -> list[int]:
+        if max_new_tokens < 1:
+            raise TreewiseError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        if isinstance(prompt, str):
+            if not prompt:
+                raise TreewiseError("the prompt is empty: pass at least one character or token id")
+            ids = self.tokenizer(prompt).input_ids
+        else:
+            ids = [int(i) for i in prompt]
+        if not ids:
+            raise TreewiseError("the prompt encodes to no tokens: pass a non-empty prompt")
+        if len(ids) >= self.context:
+            raise TreewiseError(
+                f"the prompt has {len(ids)} tokens but the target's context is {self.context}: "
+                "shorten the prompt to leave room for new tokens"
+            )
+        if max(ids) >= self.vocab or min(ids) < 0:
+            raise TreewiseError(f"prompt token ids must lie in [0, {self.vocab}); got {min(ids)}..{max(ids)}")
+        return ids
+
+    def _pad_id(self) -> int | None:
+        pad = self.tokenizer.pad_token_id
+        return pad if pad is not None else (min(self.eos_ids) if self.eos_ids else None)
+
+
+def _context_length(model: PreTrainedModel) -> int:
+    cfg = model.config
+    for name in ("max_position_embeddings", "n_positions", "max_sequence_length"):
+        value = getattr(cfg, name, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return 1 << 30

@@ -1,0 +1,81 @@
+"""Loading a target/draft pair from Hugging Face ids or local folders, with clear errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+from .errors import TreewiseError
+
+_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+           "float16": torch.float16, "fp16": torch.float16}
+
+
+def pick_device_dtype(device: str | None, dtype: str | torch.dtype | None) -> tuple[torch.device, torch.dtype]:
+    """CUDA + bf16 when present, else CPU + float32; either can be overridden."""
+    dev = torch.device(device) if device else torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise TreewiseError("device 'cuda' was asked for but no CUDA GPU is visible: use device='cpu'")
+    if dtype is None:
+        return dev, torch.bfloat16 if dev.type == "cuda" else torch.float32
+    if isinstance(dtype, str):
+        if dtype not in _DTYPES:
+            raise TreewiseError(f"unknown dtype {dtype!r}: use one of {sorted(_DTYPES)}")
+        return dev, _DTYPES[dtype]
+    return dev, dtype
+
+
+def load_pair(target: str | Path, draft: str | Path, device: str | None = None,
+              dtype: str | torch.dtype | None = None, trust_remote_code: bool = False,
+              ) -> tuple[PreTrainedModel, PreTrainedModel, PreTrainedTokenizerBase]:
+    dev, dt = pick_device_dtype(device, dtype)
+    tok = _load_tokenizer(target, trust_remote_code)
+    draft_tok = _load_tokenizer(draft, trust_remote_code, required=False)
+    if draft_tok is not None and draft_tok.get_vocab() != tok.get_vocab():
+        raise TreewiseError(
+            f"the draft's tokenizer ({draft}, {len(draft_tok)} tokens) differs from the target's ({target}, "
+            f"{len(tok)} tokens): tree speculative decoding needs one shared vocabulary; pick a draft "
+            "trained with the target's tokenizer"
+        )
+    models = [_load_model(p, dev, dt, trust_remote_code) for p in (target, draft)]
+    return models[0], models[1], tok
+
+
+def check_pair(target: PreTrainedModel, draft: PreTrainedModel) -> None:
+    vt = target.get_output_embeddings().weight.shape[0]
+    vd = draft.get_output_embeddings().weight.shape[0]
+    # Embedding tables are often padded to a multiple of 64/128; a larger gap means another tokenizer.
+    if abs(vt - vd) > 128:
+        raise TreewiseError(
+            f"target vocabulary ({vt}) and draft vocabulary ({vd}) differ: the pair must share a tokenizer"
+        )
+    dt, dd = next(target.parameters()).device, next(draft.parameters()).device
+    if dt != dd:
+        raise TreewiseError(f"target is on {dt} but draft is on {dd}: move both to one device")
+
+
+def _load_tokenizer(path: str | Path, trust_remote_code: bool, required: bool = True,
+                    ) -> PreTrainedTokenizerBase | None:
+    try:
+        return AutoTokenizer.from_pretrained(str(path), trust_remote_code=trust_remote_code)
+    except (OSError, ValueError) as err:
+        if not required:
+            return None
+        raise TreewiseError(f"cannot load a tokenizer from {path}: {_first_line(err)}; pass a model folder or "
+                            "hub id that holds tokenizer files") from None
+
+
+def _load_model(path: str | Path, device: torch.device, dtype: torch.dtype, trust_remote_code: bool,
+                ) -> PreTrainedModel:
+    try:
+        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError) as err:
+        raise TreewiseError(f"cannot load a causal LM from {path}: {_first_line(err)}; pass a local model "
+                            "folder (config.json + weights) or a reachable hub id") from None
+    return model.to(device).eval()
+
+
+def _first_line(err: Exception) -> str:
+    return str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__

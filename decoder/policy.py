@@ -1,0 +1,194 @@
+"""Tree policies: at each level a policy sees the frontier and says what to keep and expand.
+
+The decoder drafts level by level. Level 0 is the root alone; the policy says how many children to
+draft for it. At level d >= 1 the frontier holds every candidate drafted at depth d (the top-k children
+of the nodes expanded at d - 1) with the features known before verification; the policy returns which
+candidates enter the tree and how many children each kept one drafts next (0 = leaf).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+import torch
+
+from .errors import TreewiseError
+
+
+@dataclass(frozen=True)
+class RequestInfo:
+    """What a policy may know about the request before the first step."""
+
+    domain: str
+    prompt_len: int
+    max_new_tokens: int
+    temperature: float
+
+
+@dataclass(frozen=True)
+class Frontier:
+    """Candidates at one depth of the tree being drafted (all tensors [m], on the CPU)."""
+
+    depth: int  # 0 for the root level
+    step: int
+    position: int  # output index of the root's children (tokens generated before this step)
+    prompt_len: int
+    domain: str
+    temperature: float
+    tree_size: int  # nodes already kept in the tree, root excluded
+    max_depth: int  # deepest level the decoder allows this step (stop and context limits)
+    tokens: torch.Tensor
+    parent: torch.Tensor  # candidate index of the parent in the whole step, -1 for the root
+    sibling_rank: torch.Tensor
+    draft_logprob: torch.Tensor
+    draft_entropy: torch.Tensor
+    draft_margin: torch.Tensor
+    path_logprob: torch.Tensor
+    parent_draft_prob: torch.Tensor
+    running_accept_rate: float = float("nan")
+    prev_accepted: int = -1
+
+    @property
+    def size(self) -> int:
+        return int(self.tokens.numel())
+
+    def features(self) -> dict[str, np.ndarray]:
+        """Node-log feature columns for these candidates (what a learned predictor consumes)."""
+        m = self.size
+        return {
+            "domain": np.full(m, self.domain, dtype=object),
+            "depth": np.full(m, self.depth, dtype=np.int16),
+            "sibling_rank": self.sibling_rank.numpy().astype(np.int16),
+            "token_id": self.tokens.numpy().astype(np.int32),
+            "draft_logprob": self.draft_logprob.numpy().astype(np.float32),
+            "draft_entropy": self.draft_entropy.numpy().astype(np.float32),
+            "draft_margin": self.draft_margin.numpy().astype(np.float32),
+            "path_logprob": self.path_logprob.numpy().astype(np.float32),
+            "parent_draft_prob": self.parent_draft_prob.numpy().astype(np.float32),
+            "position": np.full(m, self.position + self.depth - 1, dtype=np.int32),
+            "prompt_len": np.full(m, self.prompt_len, dtype=np.int32),
+            "running_accept_rate": np.full(m, self.running_accept_rate, dtype=np.float32),
+            "prev_accepted": np.full(m, self.prev_accepted, dtype=np.int16),
+            "temperature": np.full(m, self.temperature, dtype=np.float32),
+        }
+
+
+@dataclass(frozen=True)
+class LevelPlan:
+    """A policy's answer for one frontier."""
+
+    keep: torch.Tensor  # [m] bool: candidates that enter the tree (ignored at the root level)
+    children: torch.Tensor  # [m] int: children to draft for each kept candidate (0 = leaf)
+
+    @classmethod
+    def uniform(cls, m: int, children: int, keep: torch.Tensor | None = None) -> LevelPlan:
+        keep_t = torch.ones(m, dtype=torch.bool) if keep is None else keep
+        return cls(keep=keep_t, children=torch.where(keep_t, children, 0))
+
+
+@dataclass(frozen=True)
+class StepOutcome:
+    """What the verifier decided in one step, reported back to the policy."""
+
+    step: int
+    verified: int  # tree nodes sent to the target, root excluded
+    accepted: int  # draft tokens accepted
+    tried: int  # verified nodes whose parent was accepted
+
+
+@runtime_checkable
+class TreePolicy(Protocol):
+    """Decides the shape of each step's draft tree."""
+
+    def start(self, request: RequestInfo) -> None:
+        """Called once before a request's first step."""
+
+    def plan(self, frontier: Frontier) -> LevelPlan:
+        """Which candidates of this level to keep, and how many children each drafts."""
+
+    def observe(self, outcome: StepOutcome) -> None:
+        """Called after each verified step."""
+
+
+MAX_STATIC_NODES = 1024
+
+
+@dataclass(frozen=True)
+class StaticTree:
+    """A fixed shape: every node at depth d < ``depth`` drafts the draft's top ``width`` children.
+
+    ``StaticTree(width=2, depth=3)`` is the full binary tree of 2 + 4 + 8 nodes. ``branching`` gives a
+    width per level instead, e.g. ``(4, 2, 1, 1)``: 4 root children, 2 under each, then single chains
+    (4 + 8 + 8 + 8 nodes). The top-1 chain is always inside the tree.
+    """
+
+    width: int = 2
+    depth: int = 3
+    branching: tuple[int, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if self.branching is not None:
+            object.__setattr__(self, "branching", tuple(int(b) for b in self.branching))
+            object.__setattr__(self, "depth", len(self.branching))
+            object.__setattr__(self, "width", max(self.branching, default=0))
+        if self.width < 1 or self.depth < 1 or min(self.levels, default=0) < 1:
+            raise TreewiseError(
+                f"StaticTree needs width >= 1 and depth >= 1, got width={self.width}, depth={self.depth}"
+                f"{', branching=' + str(self.branching) if self.branching else ''}; use Chain(length) for one path"
+            )
+        if self.nodes > MAX_STATIC_NODES:
+            raise TreewiseError(
+                f"StaticTree {self.levels} has {self.nodes} nodes (limit {MAX_STATIC_NODES}): narrow the deep "
+                "levels with branching=(w1, w2, ...), e.g. (4, 2, 1, 1, 1, 1), or use a budgeted dynamic tree"
+            )
+
+    @property
+    def levels(self) -> tuple[int, ...]:
+        return self.branching if self.branching is not None else (self.width,) * self.depth
+
+    @property
+    def nodes(self) -> int:
+        total, count = 0, 1
+        for b in self.levels:
+            count *= b
+            total += count
+        return total
+
+    def start(self, request: RequestInfo) -> None:
+        return None
+
+    def plan(self, frontier: Frontier) -> LevelPlan:
+        d = frontier.depth
+        children = self.levels[d] if d < min(self.depth, frontier.max_depth) else 0
+        return LevelPlan.uniform(frontier.size, children)
+
+    def observe(self, outcome: StepOutcome) -> None:
+        return None
+
+
+@dataclass(frozen=True)
+class Chain(StaticTree):
+    """A single draft path of ``length`` tokens (``StaticTree(width=1, depth=length)``)."""
+
+    length: int = 4
+    width: int = field(default=1, init=False)
+    depth: int = field(default=0, init=False)
+    branching: tuple[int, ...] | None = field(default=None, init=False)
+
+    def __post_init__(self) -> None:
+        if self.length < 1:
+            raise TreewiseError(f"Chain needs length >= 1, got {self.length}")
+        object.__setattr__(self, "depth", self.length)
+        super().__post_init__()
+
+
+def top_k_mask(scores: torch.Tensor, k: int) -> torch.Tensor:
+    """[m] bool marking the k highest scores (all when m <= k)."""
+    m = scores.numel()
+    if m <= k:
+        return torch.ones(m, dtype=torch.bool)
+    keep = torch.zeros(m, dtype=torch.bool)
+    keep[torch.topk(scores, k).indices] = True
+    return keep

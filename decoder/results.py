@@ -1,0 +1,90 @@
+"""Typed results of a generation."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+FinishReason = Literal["eos", "length", "context"]
+
+
+@dataclass(frozen=True)
+class StepStats:
+    drafted: int  # candidates the draft proposed (pruned ones included)
+    verified: int  # tree nodes sent to the target, root excluded
+    accepted: int  # draft tokens accepted (the bonus token not counted)
+    emitted: int  # tokens added to the output (accepted + bonus, cut at EOS / max_new_tokens)
+    draft_forwards: int
+    draft_s: float  # time in draft forwards
+    verify_s: float  # time in the target forward
+    other_s: float  # everything else: policy, masks, verification, cache compaction, logging
+
+
+@dataclass
+class GenerationStats:
+    steps: list[StepStats] = field(default_factory=list)
+    total_s: float = 0.0
+
+    @property
+    def n_steps(self) -> int:
+        return len(self.steps)
+
+    @property
+    def new_tokens(self) -> int:
+        return sum(s.emitted for s in self.steps)
+
+    @property
+    def drafted(self) -> int:
+        return sum(s.drafted for s in self.steps)
+
+    @property
+    def verified(self) -> int:
+        return sum(s.verified for s in self.steps)
+
+    @property
+    def accepted(self) -> int:
+        return sum(s.accepted for s in self.steps)
+
+    @property
+    def tau(self) -> float:
+        """Mean tokens emitted per target call (vLLM convention: 1 + accepted / steps, before cuts)."""
+        return 1.0 + self.accepted / self.n_steps if self.steps else 0.0
+
+    @property
+    def draft_s(self) -> float:
+        return sum(s.draft_s for s in self.steps)
+
+    @property
+    def verify_s(self) -> float:
+        return sum(s.verify_s for s in self.steps)
+
+    @property
+    def other_s(self) -> float:
+        return sum(s.other_s for s in self.steps)
+
+    @property
+    def overhead_share(self) -> float:
+        """Share of step time spent outside model forwards."""
+        busy = self.draft_s + self.verify_s + self.other_s
+        return self.other_s / busy if busy else 0.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.new_tokens / self.total_s if self.total_s else 0.0
+
+    def summary(self) -> dict[str, float]:
+        return {
+            "new_tokens": self.new_tokens, "steps": self.n_steps, "tau": self.tau, "drafted": self.drafted,
+            "verified": self.verified, "accepted": self.accepted, "draft_s": self.draft_s,
+            "verify_s": self.verify_s, "other_s": self.other_s, "total_s": self.total_s,
+            "tokens_per_s": self.tokens_per_s, "overhead_share": self.overhead_share,
+        }
+
+
+@dataclass(frozen=True)
+class GenerationResult:
+    text: str  # new tokens only
+    token_ids: list[int]  # new tokens only
+    prompt_ids: list[int]
+    finish_reason: FinishReason
+    stats: GenerationStats

@@ -1,0 +1,100 @@
+"""The draft tree as data: built once from ``parents`` into a frozen dataclass."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+import torch
+
+from .errors import TreewiseError
+
+
+@dataclass(frozen=True)
+class DraftTree:
+    """A token tree rooted at the last committed token.
+
+    Node 0 is the root (the pending token, already emitted); nodes are in topological order
+    (``parents[i] < i``) so a node's ancestors always have smaller indices.
+    """
+
+    tokens: torch.Tensor  # [n] int64
+    parents: torch.Tensor  # [n] int64, parents[0] == -1
+    depth: torch.Tensor  # [n] int64, depth[0] == 0
+    ancestor_mask: torch.Tensor  # [n, n] bool, [i, j] true iff j is i or an ancestor of i
+
+    @classmethod
+    def from_parents(cls, parents: list[int] | torch.Tensor, tokens: list[int] | torch.Tensor) -> DraftTree:
+        parents_t = torch.as_tensor(parents, dtype=torch.long).cpu()
+        tokens_t = torch.as_tensor(tokens, dtype=torch.long)
+        n = parents_t.numel()
+        if n == 0 or tokens_t.numel() != n:
+            raise TreewiseError(f"a tree needs a root and one token per node (parents {n}, tokens {tokens_t.numel()})")
+        if parents_t[0] != -1:
+            raise TreewiseError("node 0 must be the root: parents[0] must be -1")
+        idx = torch.arange(n)
+        if n > 1 and not bool(((parents_t[1:] >= 0) & (parents_t[1:] < idx[1:])).all()):
+            raise TreewiseError("parents must point to earlier nodes (topological order, parents[i] < i)")
+        depth = torch.zeros(n, dtype=torch.long)
+        anc = torch.eye(n, dtype=torch.bool)
+        # One vectorised update per depth level: a node inherits its parent's ancestor row.
+        frontier = parents_t == 0
+        frontier[0] = False
+        level = 1
+        while bool(frontier.any()):
+            rows = idx[frontier]
+            depth[rows] = level
+            anc[rows] |= anc[parents_t[rows]]
+            frontier = torch.isin(parents_t, rows)
+            level += 1
+        return cls(tokens=tokens_t, parents=parents_t, depth=depth.to(tokens_t.device), ancestor_mask=anc)
+
+    @property
+    def size(self) -> int:
+        return int(self.parents.numel())
+
+    @property
+    def max_depth(self) -> int:
+        return int(self.depth.max())
+
+    def position_ids(self, root_position: int) -> torch.Tensor:
+        """[n] absolute positions: the root sits at ``root_position``, each node one past its parent."""
+        return self.depth + root_position
+
+    @cached_property
+    def paths(self) -> list[list[int]]:
+        """Root-to-leaf node index paths, one per leaf."""
+        is_parent = torch.zeros(self.size, dtype=torch.bool)
+        is_parent[self.parents[1:]] = True
+        leaves = torch.nonzero(~is_parent).flatten().tolist()
+        return [torch.nonzero(self.ancestor_mask[leaf]).flatten().tolist() for leaf in leaves]
+
+    def path_to(self, node: int) -> list[int]:
+        """Node indices from the root to ``node`` inclusive (sorted = depth order)."""
+        return torch.nonzero(self.ancestor_mask[node]).flatten().tolist()
+
+
+def tree_attention_mask(visible_new: torch.Tensor, past_len: int, dtype: torch.dtype) -> torch.Tensor:
+    """Additive 4-D mask [1, 1, q, past_len + t] for one forward over q new tokens.
+
+    ``visible_new`` is [q, t] bool: which of the t uncached slots (the q new tokens are the last q)
+    each query sees. Every one of the ``past_len`` cached positions is visible.
+    """
+    q, t = visible_new.shape
+    mask = torch.zeros(q, past_len + t, dtype=dtype, device=visible_new.device)
+    mask[:, past_len:].masked_fill_(~visible_new, torch.finfo(dtype).min)
+    return mask[None, None]
+
+
+def chain_then_tree(chain_len: int, ancestor_mask: torch.Tensor) -> torch.Tensor:
+    """[c + n, c + n] visibility for ``chain_len`` committed-but-uncached tokens followed by a tree.
+
+    The chain is causal; every tree node sees the whole chain plus its own ancestors.
+    """
+    n = ancestor_mask.shape[0]
+    size = chain_len + n
+    vis = torch.zeros(size, size, dtype=torch.bool, device=ancestor_mask.device)
+    vis[:chain_len, :chain_len] = torch.ones(chain_len, chain_len, dtype=torch.bool, device=vis.device).tril()
+    vis[chain_len:, :chain_len] = True
+    vis[chain_len:, chain_len:] = ancestor_mask
+    return vis

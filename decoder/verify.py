@@ -1,0 +1,176 @@
+"""Verification is pure: target (and draft) probabilities in, accepted path and bonus token out.
+
+Two lossless rules, matched to how the children were drawn (mixing them loses exactness):
+- ``topk``: children are the draft's deterministic top-k. At a node, try the children in turn, accept
+  child x with probability r(x) under the current residual target distribution r; on rejection set
+  r(x) = 0 and renormalise; if all are rejected the bonus token is drawn from r.
+- ``sampled``: children were drawn i.i.d. from the draft distribution q (SpecInfer). Accept x with
+  probability min(1, r(x) / q(x)); on rejection r = norm(max(r - q, 0)).
+Greedy (temperature 0) accepts the longest path whose every token is the target's argmax at its parent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+from transformers.generation.logits_process import (
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
+
+from .errors import TreewiseError
+from .tree import DraftTree
+
+DraftMode = Literal["topk", "sampled"]
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How tokens are chosen; the same warping applies to the draft and the target."""
+
+    temperature: float = 0.0
+    top_k: int | None = None  # None: no top-k cut (unlike HF generate's default of 50)
+    top_p: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise TreewiseError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
+        if self.top_k is not None and self.top_k < 1:
+            raise TreewiseError(f"top_k must be >= 1 or None, got {self.top_k}")
+        if self.top_p is not None and not 0 < self.top_p <= 1:
+            raise TreewiseError(f"top_p must be in (0, 1] or None, got {self.top_p}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    def probs(self, logits: torch.Tensor) -> torch.Tensor:
+        """[n, V] float32 probabilities: softmax at T=1 when greedy, else HF's warpers in generate's order."""
+        scores = logits.float()
+        if not self.greedy:
+            scores = TemperatureLogitsWarper(self.temperature)(None, scores)
+            if self.top_k is not None:
+                scores = TopKLogitsWarper(self.top_k)(None, scores)
+            if self.top_p is not None and self.top_p < 1:
+                scores = TopPLogitsWarper(self.top_p)(None, scores)
+        return torch.softmax(scores, dim=-1)
+
+
+@dataclass(frozen=True)
+class VerifyInput:
+    tree: DraftTree
+    target_logits: torch.Tensor  # [n, V] at every tree node, root first
+    sampling: Sampling
+    draft_mode: DraftMode = "topk"
+    # Draft distributions at expanded nodes (tree index -> [V]); needed by the ``sampled`` rule only.
+    draft_probs: dict[int, torch.Tensor] = field(default_factory=dict)
+    generator: torch.Generator | None = None
+
+
+@dataclass(frozen=True)
+class Acceptance:
+    path: list[int]  # tree node indices from the root (0) to the last accepted node
+    bonus: int  # the target's own token after the path
+    target_probs: torch.Tensor  # [n, V] the target distribution at each node (warped when sampling)
+    accept_prob: torch.Tensor  # [n] probability each node was accepted with when tried; NaN if never tried
+
+    @property
+    def accepted(self) -> int:
+        """Draft tokens accepted (the bonus token not counted)."""
+        return len(self.path) - 1
+
+
+Verifier = Callable[[VerifyInput], Acceptance]
+
+
+def verify(inp: VerifyInput) -> Acceptance:
+    """Dispatch to the lossless rule that matches the sampling settings and draft mode."""
+    if inp.sampling.greedy:
+        return verify_greedy(inp)
+    if inp.draft_mode == "topk":
+        return _verify_walk(inp, _try_topk)
+    if inp.draft_mode == "sampled":
+        return _verify_walk(inp, _try_sampled)
+    raise TreewiseError(f"unknown draft mode {inp.draft_mode!r}: use 'topk' or 'sampled'")
+
+
+def verify_greedy(inp: VerifyInput) -> Acceptance:
+    tree = inp.tree
+    argmax = inp.target_logits.argmax(dim=-1)  # [n]
+    correct = torch.ones(tree.size, dtype=torch.bool, device=argmax.device)
+    correct[1:] = tree.tokens[1:] == argmax[tree.parents[1:].to(argmax.device)]
+    # A node is accepted iff it and all its ancestors match the target's argmax at their parents.
+    anc = tree.ancestor_mask.to(argmax.device)
+    accepted = ~(anc & ~correct[None, :]).any(dim=1)  # [n]
+    depth = tree.depth.to(argmax.device)
+    best = int(torch.argmax(torch.where(accepted, depth, -1)))
+    nan = torch.full((tree.size,), float("nan"))
+    return Acceptance(
+        path=tree.path_to(best),
+        bonus=int(argmax[best]),
+        target_probs=inp.sampling.probs(inp.target_logits),
+        accept_prob=nan,
+    )
+
+
+def _children(tree: DraftTree) -> list[list[int]]:
+    kids: list[list[int]] = [[] for _ in range(tree.size)]
+    for child, parent in enumerate(tree.parents.tolist()[1:], start=1):
+        kids[parent].append(child)
+    return kids
+
+
+# A try-rule gets (residual target row, child token, draft row) and returns (accept prob, new residual).
+TryRule = Callable[[torch.Tensor, int, torch.Tensor | None], "tuple[float, torch.Tensor]"]
+
+
+def _try_topk(residual: torch.Tensor, token: int, _q: torch.Tensor | None) -> tuple[float, torch.Tensor]:
+    total = float(residual.sum())
+    prob = float(residual[token]) / total if total > 0 else 0.0
+    rejected = residual.clone()
+    rejected[token] = 0.0
+    return prob, rejected
+
+
+def _try_sampled(residual: torch.Tensor, token: int, q: torch.Tensor | None) -> tuple[float, torch.Tensor]:
+    if q is None:
+        raise TreewiseError("the 'sampled' rule needs the draft distribution of every expanded node")
+    total = float(residual.sum())
+    if total <= 0:
+        return 0.0, residual
+    r = residual / total
+    qx = float(q[token])
+    prob = 1.0 if qx <= 0 else min(1.0, float(r[token]) / qx)
+    return prob, torch.clamp(r - q, min=0.0)
+
+
+def _verify_walk(inp: VerifyInput, try_child: TryRule) -> Acceptance:
+    tree = inp.tree
+    probs = inp.sampling.probs(inp.target_logits)  # [n, V]
+    kids = _children(tree)
+    tokens = tree.tokens.tolist()
+    accept_prob = torch.full((tree.size,), float("nan"))
+    gen = inp.generator
+    node, path = 0, [0]
+    while True:
+        residual = probs[node].double().cpu()
+        q = inp.draft_probs.get(node)
+        q = q.double().cpu() if q is not None else None
+        moved = False
+        for child in kids[node]:
+            prob, rejected = try_child(residual, tokens[child], q)
+            accept_prob[child] = prob
+            if float(torch.rand((), generator=gen, dtype=torch.float64)) < prob:
+                node, moved = child, True
+                path.append(child)
+                break
+            residual = rejected
+        if not moved:
+            if float(residual.sum()) <= 0:  # numerically exhausted residual: fall back to the full row
+                residual = probs[node].double().cpu()
+            bonus = int(torch.multinomial(residual / residual.sum(), 1, generator=gen))
+            return Acceptance(path=path, bonus=bonus, target_probs=probs, accept_prob=accept_prob)
