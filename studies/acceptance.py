@@ -12,7 +12,7 @@ import numpy as np
 import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field
 
-from .acceptance_claims import SEED, Claim, SeedReference, judge_claims
+from .acceptance_claims import SEED, Claim, SeedReference, judge_claims, judged_domains
 from .acceptance_stats import (
     BootstrapResult,
     Spearman,
@@ -96,6 +96,7 @@ class DomainStats(BaseModel):
 
 class DomainVsDepth(BaseModel):
     method: str
+    domains: list[str]
     nodes: int
     prompts: int
     baseline_logloss: float
@@ -117,7 +118,8 @@ class AcceptanceStudy(BaseModel):
     definitions: dict[str, str]
     domains: dict[str, DomainStats]
     overall: DomainStats
-    domain_vs_depth: DomainVsDepth
+    domain_vs_depth: DomainVsDepth  # all domains of the run
+    domain_vs_depth_seed_domains: DomainVsDepth | None  # the seed's four domains only (claim 1), when they differ
     greedy_checked: int
     greedy_mismatches: int
     log_consistency_errors: int  # steps whose on-path node count differs from the step log's accepted
@@ -318,14 +320,16 @@ def domain_vs_depth(nodes: Nodes, config: StudyConfig) -> DomainVsDepth:
 
     if len(y) == 0:
         nan = float("nan")
-        return DomainVsDepth(method=DEFINITIONS["domain_vs_depth"], nodes=0, prompts=0, baseline_logloss=nan,
+        return DomainVsDepth(method=DEFINITIONS["domain_vs_depth"], domains=[], nodes=0, prompts=0,
+                             baseline_logloss=nan,
                              domain_reduction=nan, domain_ci95=[nan, nan], depth_reduction=nan,
                              depth_ci95=[nan, nan], difference=nan, difference_ci95=[nan, nan],
                              stronger="inconclusive")
     base, d_dom, d_dep, diff = prompt_bootstrap_many(prompts, stat, config.bootstrap_reps, config.seed)
     stronger = "domain" if diff.ci_low > 0 else "depth" if diff.ci_high < 0 else "inconclusive"
     return DomainVsDepth(
-        method=DEFINITIONS["domain_vs_depth"], nodes=len(y), prompts=n_prompts,
+        method=DEFINITIONS["domain_vs_depth"], domains=sorted(set(v.domain.tolist())), nodes=len(y),
+        prompts=n_prompts,
         baseline_logloss=base.estimate,
         domain_reduction=d_dom.estimate, domain_ci95=[d_dom.ci_low, d_dom.ci_high],
         depth_reduction=d_dep.estimate, depth_ci95=[d_dep.ci_low, d_dep.ci_high],
@@ -365,10 +369,15 @@ def analyze(
     }
     overall = domain_stats(n, s, p, max_depth, edges, config)
     dvd = domain_vs_depth(n, config)
+    seed_domains = judged_domains(domains, SEED)
+    dvd_seed = None
+    if set(seed_domains) != set(domains):
+        dvd_seed = domain_vs_depth(n.subset(np.isin(n.domain, seed_domains)), config)
     return AcceptanceStudy(
         run=run, tree=tree, temperature=temperature, definitions=DEFINITIONS, domains=domains,
-        overall=overall, domain_vs_depth=dvd, greedy_checked=int(p.greedy_checked.sum()),
+        overall=overall, domain_vs_depth=dvd, domain_vs_depth_seed_domains=dvd_seed,
+        greedy_checked=int(p.greedy_checked.sum()),
         greedy_mismatches=int((p.greedy_checked & ~p.greedy_match).sum()),
         log_consistency_errors=_log_consistency_errors(n, s),
-        claims=judge_claims(domains, dvd, SEED), seed=SEED, config=config,
+        claims=judge_claims(domains, dvd_seed or dvd, SEED), seed=SEED, config=config,
     )

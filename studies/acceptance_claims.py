@@ -53,13 +53,13 @@ def _fmt(x: float | None) -> str:
     return "n/a" if x is None or math.isnan(x) else f"{x:.3f}"
 
 
-def _judged_domains(domains: dict[str, DomainStats], seed: SeedReference) -> list[str]:
+def judged_domains(domains: dict[str, DomainStats], seed: SeedReference) -> list[str]:
     """The seed's domains present in this run; all domains when fewer than two of them are."""
     mapped = [d for d in seed.domain_map.values() if d in domains]
     return mapped if len(mapped) >= 2 else sorted(domains)
 
 
-def _claim_domain_vs_depth(dvd: DomainVsDepth, names: list[str], seed: SeedReference) -> Claim:
+def _claim_domain_vs_depth(dvd: DomainVsDepth, seed: SeedReference) -> Claim:
     lo, hi = dvd.difference_ci95
     holds = dvd.stronger == "domain"
     evidence = (
@@ -68,7 +68,7 @@ def _claim_domain_vs_depth(dvd: DomainVsDepth, names: list[str], seed: SeedRefer
         f"{dvd.depth_reduction:.5f} [{_fmt(dvd.depth_ci95[0])}, {_fmt(dvd.depth_ci95[1])}]; "
         f"difference {dvd.difference:.5f}, prompt-bootstrap 95% CI [{lo:.5f}, {hi:.5f}] -> {dvd.stronger}"
     )
-    return Claim(id=1, claim=seed.claims[0], holds=holds, evidence=evidence, domains=names)
+    return Claim(id=1, claim=seed.claims[0], holds=holds, evidence=evidence, domains=dvd.domains)
 
 
 def _chat(seed: SeedReference) -> str:
@@ -116,13 +116,13 @@ def _claim_rho_range(domains: dict[str, DomainStats], names: list[str], seed: Se
 
 
 def judge_claims(domains: dict[str, DomainStats], dvd: DomainVsDepth, seed: SeedReference) -> list[Claim]:
-    """One verdict per seed claim, with the numbers it rests on."""
+    """One verdict per seed claim, with the numbers it rests on; ``dvd`` is fit on the judged domains."""
     if not domains:
         return [Claim(id=i + 1, claim=c, holds=False, evidence="no data", domains=[])
                 for i, c in enumerate(seed.claims)]
-    names = _judged_domains(domains, seed)
+    names = judged_domains(domains, seed)
     return [
-        _claim_domain_vs_depth(dvd, sorted(domains), seed),
+        _claim_domain_vs_depth(dvd, seed),
         _claim_only_chat_above_one(domains, names, seed),
         _claim_chat_entropy_and_acceptance(domains, names, seed),
         _claim_rho_range(domains, names, seed),

@@ -125,21 +125,25 @@ def fold_of_groups(n_groups: int, n_folds: int, seed: int = 0) -> np.ndarray:
 
 
 def oof_logloss(
-    y: np.ndarray, factor: np.ndarray, fold: np.ndarray, weights: np.ndarray, alpha: float = 0.5
+    y: np.ndarray, factor: np.ndarray, fold: np.ndarray, weights: np.ndarray, prior: float = 1.0
 ) -> float:
     """Out-of-fold log-loss (nats per row) of a model that predicts each factor level's rate.
 
-    Rates come from the other folds (add-alpha smoothed), so a factor with more levels gains nothing
-    from fitting noise. ``fold`` is per row (taken from its prompt, so a prompt never informs itself).
+    Rates come from the other folds, shrunk toward those folds' overall rate with ``prior`` pseudo-rows
+    (a level absent from the other folds gets the overall rate), so a factor with more levels gains
+    nothing from fitting noise. ``fold`` is per row, taken from its prompt: a prompt never informs itself.
     """
     levels, n_folds = int(factor.max()) + 1, int(fold.max()) + 1
     cell = fold * levels + factor
     pos = np.bincount(cell, weights * y, n_folds * levels).reshape(n_folds, levels)
     tot = np.bincount(cell, weights, n_folds * levels).reshape(n_folds, levels)
     if n_folds == 1:
-        rate = (pos + alpha) / (tot + 2 * alpha)  # one fold: in-sample, nothing held out
+        train_pos, train_tot = pos, tot  # one fold: in-sample, nothing held out
     else:
-        rate = (pos.sum(0) - pos + alpha) / (tot.sum(0) - tot + 2 * alpha)
+        train_pos, train_tot = pos.sum(0) - pos, tot.sum(0) - tot
+    overall = (train_pos.sum(1, keepdims=True) + 0.5) / (train_tot.sum(1, keepdims=True) + 1.0)
+    rate = (train_pos + prior * overall) / (train_tot + prior)
+    rate = np.clip(rate, 1e-9, 1 - 1e-9)
     loss = -(pos * np.log(rate) + (tot - pos) * np.log1p(-rate)).sum()
     total = weights.sum()
     return float(loss / total) if total > 0 else float("nan")

@@ -143,21 +143,27 @@ def test_prompt_bootstrap_ci_covers_the_true_rho():
 def test_oof_logloss_is_the_entropy_of_a_constant_rate():
     y = np.array([1, 0, 1, 0, 1, 0, 1, 0.0])
     fold = np.array([0, 0, 1, 1, 0, 0, 1, 1])
-    loss = oof_logloss(y, np.zeros(8, np.int64), fold, np.ones(8), alpha=0.0)
+    loss = oof_logloss(y, np.zeros(8, np.int64), fold, np.ones(8), prior=0.0)
     assert loss == pytest.approx(np.log(2))
+    # A level never seen in the other folds is predicted at their overall rate, as the one-rate model does.
+    rng = np.random.default_rng(0)
+    y, fold = (rng.random(600) < 0.3).astype(float), rng.integers(0, 5, 600)
+    base = oof_logloss(y, np.zeros(600, np.int64), fold, np.ones(600))
+    assert oof_logloss(y, fold, fold, np.ones(600)) == pytest.approx(base, rel=1e-3)
     assert len(set(fold_of_groups(10, 5).tolist())) == 5
     assert encode(np.array(["b", "a", "b"])).codes.tolist() == [1, 0, 1]
 
 
-def factor_run(by: str, seed: int = 0) -> tuple[pa.Table, pa.Table, pa.Table]:
+def factor_run(by: str, seed: int = 0, extra: bool = False) -> tuple[pa.Table, pa.Table, pa.Table]:
     """Flat logs where acceptance depends only on the domain, or only on the depth."""
     rng = np.random.default_rng(seed)
     rows, steps, prompts = [], [], []
-    for i in range(80):
-        dom = ("dialogue", "code", "math", "logic")[i % 4]
+    names = ("dialogue", "code", "math", "logic") + (("creative",) if extra else ())
+    for i in range(20 * len(names)):
+        dom = names[i % len(names)]
         for k in range(40):
             depth = 1 + k % 6
-            by_domain = {"dialogue": 0.75, "code": 0.55, "math": 0.35, "logic": 0.5}[dom]
+            by_domain = {"dialogue": 0.75, "code": 0.55, "math": 0.35, "logic": 0.5, "creative": 0.6}[dom]
             p = by_domain if by == "domain" else 0.85 - 0.1 * depth
             match = bool(rng.random() < p)
             rows.append(node(f"p{i}", dom, k, 0, -1, depth, match, entropy=float(rng.random())))
@@ -173,6 +179,15 @@ def test_domain_vs_depth_picks_the_factor_that_drives_acceptance(factor):
     assert dvd.stronger == factor
     assert dvd.difference_ci95[0] <= dvd.difference <= dvd.difference_ci95[1]
     assert study.claims[0].holds == (factor == "domain")
+    assert study.domain_vs_depth_seed_domains is None  # the run holds the seed's four domains only
+
+
+def test_claim_one_is_judged_on_the_seed_domains_when_the_run_has_more():
+    study = analyze(*factor_run("domain", extra=True), config=FAST)
+    assert "creative" in study.domain_vs_depth.domains
+    assert study.domain_vs_depth_seed_domains.domains == ["code", "dialogue", "logic", "math"]
+    assert study.claims[0].domains == ["code", "dialogue", "logic", "math"]
+    assert "creative" not in study.claims[2].evidence
 
 
 def stats(el: float, ent: float, acc: float, rho: float) -> DomainStats:
@@ -183,7 +198,7 @@ def stats(el: float, ent: float, acc: float, rho: float) -> DomainStats:
 def test_claims_judged_on_the_seed_domains():
     dvd = DomainVsDepth.model_construct(domain_reduction=0.01, domain_ci95=[0.0, 0.02], depth_reduction=0.0,
                                         depth_ci95=[0.0, 0.0], difference=0.01, difference_ci95=[-0.001, 0.02],
-                                        stronger="inconclusive")
+                                        stronger="inconclusive", domains=["code", "dialogue", "logic", "math"])
     seed_like = {"dialogue": stats(1.2, 2.0, 0.56, -0.17), "code": stats(0.9, 1.5, 0.53, -0.16),
                  "math": stats(0.8, 1.0, 0.51, -0.19), "logic": stats(0.95, 1.2, 0.52, -0.18)}
     claims = judge_claims(seed_like, dvd, SEED)

@@ -1,0 +1,126 @@
+"""Tree specs on the command line: ``KIND:key=value,...`` -> a decoder tree policy.
+
+Kinds register themselves with ``register_tree_kind`` so later stages (the controller's
+``confidence:...`` and ``learned:...``) add their own without touching this parser.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from decoder import Chain, StaticTree, TreePolicy, TreewiseError
+
+
+class TreeSpecError(TreewiseError):
+    """A --tree value that cannot be parsed; the message says the expected syntax."""
+
+
+@dataclass(frozen=True)
+class Param:
+    type: type  # int, float, str or bool
+    default: Any = None  # None: the parameter is required
+    help: str = ""
+
+
+@dataclass(frozen=True)
+class TreeKind:
+    name: str
+    build: Callable[..., TreePolicy]
+    params: dict[str, Param]
+    help: str = ""
+
+    @property
+    def syntax(self) -> str:
+        keys = ",".join(f"{k}={p.type.__name__.upper()}" for k, p in self.params.items())
+        return f"{self.name}:{keys}" if keys else self.name
+
+
+_KINDS: dict[str, TreeKind] = {}
+
+
+def register_tree_kind(kind: TreeKind) -> None:
+    """Make ``kind`` parseable; a later registration under the same name replaces the earlier one."""
+    _KINDS[kind.name] = kind
+
+
+def tree_kinds() -> dict[str, TreeKind]:
+    return dict(_KINDS)
+
+
+@dataclass(frozen=True)
+class TreeSpec:
+    """A parsed spec: kind name plus typed parameter values (defaults filled in)."""
+
+    kind: str
+    params: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def canonical(self) -> str:
+        """The spec with every parameter, in declaration order: stable across spellings."""
+        if not self.params:
+            return self.kind
+        return f"{self.kind}:" + ",".join(f"{k}={v}" for k, v in self.params.items())
+
+    def build(self) -> TreePolicy:
+        return _KINDS[self.kind].build(**self.params)
+
+
+def _known() -> str:
+    return "; ".join(k.syntax for k in _KINDS.values())
+
+
+def _convert(kind: TreeKind, key: str, raw: str) -> Any:
+    want = kind.params[key].type
+    try:
+        if want is bool:
+            if raw.lower() not in ("true", "false", "1", "0", "yes", "no"):
+                raise ValueError(raw)
+            return raw.lower() in ("true", "1", "yes")
+        return want(raw)
+    except ValueError:
+        raise TreeSpecError(
+            f"tree spec {kind.name}: {key}={raw!r} is not of type {want.__name__}; use {kind.syntax}"
+        ) from None
+
+
+def parse_tree_spec(text: str) -> TreeSpec:
+    """Parse ``KIND:key=value,...`` (for example ``static:width=2,depth=3``, ``chain:length=4``)."""
+    name, _, rest = text.strip().partition(":")
+    kind = _KINDS.get(name.strip())
+    if kind is None:
+        raise TreeSpecError(f"unknown tree kind {name!r} in {text!r}: use one of {_known()}")
+    given: dict[str, Any] = {}
+    for item in filter(None, (s.strip() for s in rest.split(","))):
+        key, eq, raw = item.partition("=")
+        key = key.strip()
+        if not eq or not raw.strip():
+            raise TreeSpecError(f"tree spec {text!r}: {item!r} is not key=value; use {kind.syntax}")
+        if key not in kind.params:
+            raise TreeSpecError(f"tree spec {text!r}: unknown parameter {key!r}; use {kind.syntax}")
+        if key in given:
+            raise TreeSpecError(f"tree spec {text!r}: {key!r} given twice")
+        given[key] = _convert(kind, key, raw.strip())
+    params = {}
+    for key, param in kind.params.items():
+        if key not in given and param.default is None:
+            raise TreeSpecError(f"tree spec {text!r}: missing {key}=...; use {kind.syntax}")
+        params[key] = given.get(key, param.default)
+    return TreeSpec(kind.name, params)
+
+
+def build_tree(text: str) -> TreePolicy:
+    """Parse and build in one go; a bad value (width=0) fails here, before any model is loaded."""
+    return parse_tree_spec(text).build()
+
+
+register_tree_kind(TreeKind(
+    "static", lambda width, depth: StaticTree(width=width, depth=depth),
+    {"width": Param(int, help="nodes kept per level"), "depth": Param(int, help="levels")},
+    help="fixed top-k beam: width nodes at each of depth levels",
+))
+register_tree_kind(TreeKind(
+    "chain", lambda length: Chain(length=length), {"length": Param(int, help="draft tokens")},
+    help="a single draft path",
+))
