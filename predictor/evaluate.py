@@ -1,0 +1,238 @@
+"""Evaluate a predictor on the test prompts of some node logs, against baselines; returns data only.
+
+Test rows are those whose prompt group the model's saved split did not put in train or validation
+(all rows, for logs the model never saw). AUC always scores the hard label (target argmax match);
+log-loss, Brier and ECE score the label kind the model was trained on.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from predictor import baselines as bl
+from predictor.config import FEATURE_GROUPS
+from predictor.features import FeatureSchema, NodeRows, select_rows
+from predictor.latency import LatencyResult, measure_predict_batch
+from predictor.metrics import BinaryMetrics, CalibrationBin, binary_metrics, calibration_curve
+from predictor.model import AcceptancePredictor, PredictorError, fit
+from predictor.split import PromptSplit, SplitMasks
+
+AUC_GAIN_TARGET = 0.03
+ECE_TARGET = 0.03
+
+
+@dataclass(frozen=True)
+class ScoredMetrics:
+    """Metrics overall and per domain for one scorer (the predictor or a baseline)."""
+
+    overall: BinaryMetrics
+    per_domain: dict[str, BinaryMetrics]
+    note: str = ""
+    extra: dict[str, float] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = self.overall.to_dict()
+        out["per_domain"] = {d: m.to_dict() for d, m in self.per_domain.items()}
+        out.update(self.extra)
+        if self.note:
+            out["note"] = self.note
+        return out
+
+
+@dataclass(frozen=True)
+class AblationRow:
+    dropped: str  # feature group name, "none" for the full model
+    features: list[str]
+    test: BinaryMetrics
+    delta_auc: float  # ablated minus full: negative means the group helps
+    delta_log_loss: float  # ablated minus full: positive means the group helps
+
+
+@dataclass(frozen=True)
+class LabelComparison:
+    label: str
+    auc: float  # vs the hard label
+    ece_hard: float
+    ece_soft: float
+    brier_soft: float
+    log_loss_hard: float
+
+
+@dataclass(frozen=True)
+class TargetCheck:
+    auc_gain_over_draft_prob: float
+    domains_with_auc_gain: list[str]  # domains whose gain is at least AUC_GAIN_TARGET
+    domains: int
+    max_domain_ece: float
+    domains_over_ece_target: list[str]
+
+
+@dataclass(frozen=True)
+class EvaluationReport:
+    label: str
+    n_prompts: int
+    model: ScoredMetrics
+    per_depth: dict[str, BinaryMetrics]
+    calibration_curve: list[CalibrationBin]
+    importance_gain: dict[str, float]
+    baselines: dict[str, ScoredMetrics]
+    targets: TargetCheck
+    latency: list[LatencyResult]
+    ablation: list[AblationRow] | None = None
+    labels: list[LabelComparison] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"label": self.label, "n_prompts": self.n_prompts}
+        out.update(self.model.to_dict())
+        out["per_depth"] = {k: m.to_dict() for k, m in self.per_depth.items()}
+        out["calibration_curve"] = [vars(b) for b in self.calibration_curve]
+        out["importance_gain"] = self.importance_gain
+        out["baselines"] = {k: b.to_dict() for k, b in self.baselines.items()}
+        out["targets"] = _nan_to_none(vars(self.targets))
+        out["predict_batch_us"] = {str(r.batch): r.median_us for r in self.latency}
+        out["predict_batch_latency"] = [r.to_dict() for r in self.latency]
+        if self.ablation is not None:
+            out["ablation"] = [
+                {"dropped": a.dropped, "features": a.features, **a.test.to_dict(),
+                 **_nan_to_none({"delta_auc": a.delta_auc, "delta_log_loss": a.delta_log_loss})}
+                for a in self.ablation
+            ]
+        if self.labels is not None:
+            out["labels"] = {c.label: _nan_to_none(vars(c)) for c in self.labels}
+        return out
+
+
+def _nan_to_none(d: dict[str, Any]) -> dict[str, Any]:
+    return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in d.items()}
+
+
+def _scored(scores: np.ndarray, rows: NodeRows, labels: np.ndarray, is_probability: bool = True,
+            note: str = "", extra: dict[str, float] | None = None) -> ScoredMetrics:
+    dom = rows.columns["domain"]
+    per_domain = {
+        d: binary_metrics(scores[dom == d], labels[dom == d], rows.hard[dom == d], is_probability)
+        for d in sorted(set(dom.tolist()))
+    }
+    overall = binary_metrics(scores, labels, rows.hard, is_probability)
+    return ScoredMetrics(overall, per_domain, note, extra or {})
+
+
+def _masks(predictor: AcceptancePredictor, rows: NodeRows) -> SplitMasks:
+    split = predictor.split or PromptSplit([], [], [])
+    return split.masks(rows.group)
+
+
+def evaluate(predictor: AcceptancePredictor, logs: pa.Table, ablation: bool = False,
+             compare_labels: bool = False, latency_calls: int = 300) -> EvaluationReport:
+    """Score the predictor and the baselines on the test prompts; optionally retrain for studies."""
+    rows = select_rows(logs, predictor.config.split_by)
+    masks = _masks(predictor, rows)
+    test = rows.subset(masks.test)
+    if len(test) == 0:
+        raise PredictorError("no test rows: these logs hold only the model's training and validation prompts")
+    labels = test.label(predictor.config.label)
+    p = predictor.predict_rows(test)
+    depth = test.columns["depth"].astype(int)
+    model = _scored(p, test, labels)
+    report = EvaluationReport(
+        label=predictor.config.label,
+        n_prompts=len(set(test.group.tolist())),
+        model=model,
+        per_depth={str(k): binary_metrics(p[depth == k], labels[depth == k], test.hard[depth == k])
+                   for k in sorted(set(depth.tolist()))},
+        calibration_curve=calibration_curve(p, labels),
+        importance_gain=predictor.importance(),
+        baselines=_baselines(rows, masks, test, labels, predictor.config.label),
+        targets=TargetCheck(math.nan, [], 0, math.nan, []),
+        latency=measure_predict_batch(predictor, test, calls=latency_calls) if latency_calls else [],
+        ablation=_ablation(predictor, rows, masks, model.overall) if ablation else None,
+        labels=_compare_labels(predictor, rows, masks) if compare_labels else None,
+    )
+    return _with_targets(report)
+
+
+def _baselines(rows: NodeRows, masks: SplitMasks, test: NodeRows, labels: np.ndarray,
+               label_kind: str) -> dict[str, ScoredMetrics]:
+    out = {
+        "draft_prob": _scored(bl.draft_prob(test), test, labels, note="exp(draft_logprob)"),
+        "entropy": _scored(bl.neg_entropy(test), test, labels, is_probability=False,
+                           note="minus draft entropy; a ranking, so AUC only"),
+    }
+    train = rows.subset(masks.train)
+    if len(train):
+        table = bl.DomainDepthTable.fit(train, train.label(label_kind))
+        out["domain_depth_table"] = _scored(table.predict(test), test, labels,
+                                            note="mean acceptance per (domain, depth) on the training prompts")
+    hf = bl.hf_confidence_threshold(test, test.hard)
+    out["hf_confidence_threshold"] = _scored(
+        hf.decisions, test, labels, is_probability=False, extra=hf.extra,
+        note="online-refit draft-prob threshold; AUC of its keep/stop decisions",
+    )
+    return out
+
+
+def _with_targets(report: EvaluationReport) -> EvaluationReport:
+    base = report.baselines["draft_prob"]
+    gains = {d: m.auc - base.per_domain[d].auc for d, m in report.model.per_domain.items()}
+    eces = {d: m.ece for d, m in report.model.per_domain.items()}
+    targets = TargetCheck(
+        auc_gain_over_draft_prob=report.model.overall.auc - base.overall.auc,
+        domains_with_auc_gain=sorted(d for d, g in gains.items() if g >= AUC_GAIN_TARGET),
+        domains=len(gains),
+        max_domain_ece=max(eces.values(), default=math.nan),
+        domains_over_ece_target=sorted(d for d, e in eces.items() if e > ECE_TARGET),
+    )
+    return EvaluationReport(**{**vars(report), "targets": targets})
+
+
+def _sub_schema(schema: FeatureSchema, names: list[str]) -> FeatureSchema:
+    """The model's schema restricted to some features (same category lists)."""
+    return FeatureSchema([f for f in schema.features if f.name in names], schema.version,
+                         schema.node_log_schema_version)
+
+
+def _require_training_rows(masks: SplitMasks) -> None:
+    if not masks.train.any() or not masks.valid.any():
+        raise PredictorError("ablations retrain on the model's split: evaluate on the logs the model was trained on")
+
+
+def _ablation(predictor: AcceptancePredictor, rows: NodeRows, masks: SplitMasks,
+              full: BinaryMetrics) -> list[AblationRow]:
+    _require_training_rows(masks)
+    config, split = predictor.config, predictor.split
+    assert split is not None  # _require_training_rows saw train rows, so there is a split
+    test = rows.subset(masks.test)
+    out = [AblationRow("none", list(config.features), full, 0.0, 0.0)]
+    for group, names in FEATURE_GROUPS.items():
+        dropped = tuple(n for n in names if n in config.features)
+        if not dropped or len(dropped) == len(config.features):
+            continue
+        cfg = config.without(dropped)
+        model = fit(rows, split, _sub_schema(predictor.schema, cfg.features), cfg)
+        m = binary_metrics(model.predict_rows(test), test.label(cfg.label), test.hard)
+        out.append(AblationRow(group, list(dropped), m, m.auc - full.auc, m.log_loss - full.log_loss))
+    return out
+
+
+def _compare_labels(predictor: AcceptancePredictor, rows: NodeRows,
+                    masks: SplitMasks) -> list[LabelComparison]:
+    _require_training_rows(masks)
+    assert predictor.split is not None
+    test = rows.subset(masks.test)
+    out = []
+    for kind in ("hard", "soft"):
+        if kind == predictor.config.label:
+            model = predictor
+        else:
+            cfg = predictor.config.model_copy(update={"label": kind})
+            model = fit(rows, predictor.split, _sub_schema(predictor.schema, cfg.features), cfg)
+        p = model.predict_rows(test)
+        hard = binary_metrics(p, test.hard)
+        soft = binary_metrics(p, test.soft, test.hard)
+        out.append(LabelComparison(kind, hard.auc, hard.ece, soft.ece, soft.brier, hard.log_loss))
+    return out

@@ -1,0 +1,202 @@
+"""From node logs to a feature matrix: which rows train the predictor, their labels, and the encoding.
+
+Rows: nodes that were verified and whose parent was accepted (a root child, or a parent on the accepted
+path), so the predictor learns *conditional* acceptance, the quantity a tree policy multiplies along a
+path. Hard label: ``target_argmax_match``. Soft label: ``accept_prob`` where the sampling verifier tried
+the node, else ``target_prob``, else (both NaN) the hard label.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Literal
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from decoder.nodelog import FEATURE_COLUMNS, SCHEMA_VERSION, TOKEN_TYPES
+
+FEATURE_SCHEMA_VERSION = "1"
+FeatureKind = Literal["numeric", "categorical"]
+
+
+class FeatureSchemaError(ValueError):
+    """Features given to a predictor do not match the schema it was trained with."""
+
+
+@dataclass(frozen=True)
+class FeatureSpec:
+    name: str
+    dtype: str  # the node-log arrow type, e.g. "float", "int16", "string"
+    kind: FeatureKind
+    categories: list[str] | None = None  # code i <-> categories[i]; unknown values are missing
+
+
+@dataclass(frozen=True)
+class FeatureSchema:
+    features: list[FeatureSpec]
+    version: str = FEATURE_SCHEMA_VERSION
+    node_log_schema_version: str = SCHEMA_VERSION
+
+    @property
+    def names(self) -> list[str]:
+        return [f.name for f in self.features]
+
+    @property
+    def categorical(self) -> list[str]:
+        return [f.name for f in self.features if f.kind == "categorical"]
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> FeatureSchema:
+        return cls(
+            features=[FeatureSpec(**f) for f in data["features"]],
+            version=str(data["version"]),
+            node_log_schema_version=str(data["node_log_schema_version"]),
+        )
+
+    def check_keys(self, given: Mapping[str, object]) -> None:
+        """Raise naming the missing and extra feature columns (the fix: pass exactly ``names``)."""
+        missing = [n for n in self.names if n not in given]
+        extra = sorted(k for k in given if k not in set(self.names))
+        if missing or extra:
+            raise FeatureSchemaError(
+                f"feature columns do not match the predictor's schema: missing {missing}, extra {extra}; "
+                f"pass exactly predictor.feature_names = {self.names}"
+            )
+
+
+def build_schema(table: pa.Table, names: list[str]) -> FeatureSchema:
+    """Fix the feature list and the category lists (domains seen in the logs, all token types)."""
+    specs = []
+    for name in names:
+        dtype = FEATURE_COLUMNS[name]
+        if pa.types.is_string(dtype):
+            cats = list(TOKEN_TYPES) if name == "token_type" else sorted(
+                v for v in pc.unique(table.column(name)).to_pylist() if v is not None
+            )
+            specs.append(FeatureSpec(name, str(dtype), "categorical", cats))
+        else:
+            specs.append(FeatureSpec(name, str(dtype), "numeric"))
+    return FeatureSchema(specs)
+
+
+@dataclass
+class NodeRows:
+    """The training rows of some node logs, as numpy columns plus labels and split groups."""
+
+    columns: dict[str, np.ndarray]  # every FEATURE_COLUMNS column
+    hard: np.ndarray  # float64 0/1
+    soft: np.ndarray  # float64 in [0, 1]
+    group: np.ndarray  # split group key per row (prompt or request)
+    request: np.ndarray  # request key per row (run_id + prompt_id), for online baselines
+    n_logged: int = 0  # rows in the logs before selection
+    n_soft_fallback: int = field(default=0)  # rows whose soft label fell back to the hard label
+
+    def __len__(self) -> int:
+        return len(self.hard)
+
+    def label(self, kind: str) -> np.ndarray:
+        return self.hard if kind == "hard" else self.soft
+
+    def subset(self, mask: np.ndarray) -> NodeRows:
+        return NodeRows(
+            columns={k: v[mask] for k, v in self.columns.items()},
+            hard=self.hard[mask],
+            soft=self.soft[mask],
+            group=self.group[mask],
+            request=self.request[mask],
+            n_logged=self.n_logged,
+            n_soft_fallback=int(self.n_soft_fallback),
+        )
+
+
+def _np(table: pa.Table, name: str) -> np.ndarray:
+    col = table.column(name)
+    if pa.types.is_string(col.type):
+        return np.asarray(col.to_pylist(), dtype=object)
+    if pa.types.is_boolean(col.type):
+        return np.asarray(col.fill_null(False).to_numpy(zero_copy_only=False), dtype=bool)
+    return np.asarray(col.to_numpy(zero_copy_only=False))
+
+
+def request_keys(table: pa.Table) -> np.ndarray:
+    joined = pc.binary_join_element_wise(table.column("run_id"), table.column("prompt_id"), "\x1f")
+    return np.asarray(joined.to_pylist(), dtype=object)
+
+
+def conditional_mask(table: pa.Table, request: np.ndarray) -> np.ndarray:
+    """Verified nodes whose parent was accepted (depth 1, or the parent row is on the accepted path)."""
+    req = np.unique(request, return_inverse=True)[1].astype(np.int64)
+    step = _np(table, "step").astype(np.int64)
+    node = _np(table, "node_id").astype(np.int64)
+    parent = _np(table, "parent_id").astype(np.int64)
+    n_step = int(step.max(initial=0)) + 1
+    n_node = int(max(node.max(initial=0), parent.max(initial=0))) + 2
+    # One int64 key per (request, step, node); parents are looked up by the same key.
+    key = (req * n_step + step) * n_node + node
+    order = np.argsort(key, kind="stable")
+    sorted_key = key[order]
+    parent_key = (req * n_step + step) * n_node + parent
+    pos = np.clip(np.searchsorted(sorted_key, parent_key), 0, max(len(key) - 1, 0))
+    found = (parent >= 0) & (sorted_key[pos] == parent_key) if len(key) else np.zeros(0, bool)
+    on_path = _np(table, "on_accepted_path")
+    parent_on_path = np.zeros(len(key), dtype=bool)
+    parent_on_path[found] = on_path[order[pos[found]]]
+    depth = _np(table, "depth")
+    return _np(table, "verified") & ((depth == 1) | parent_on_path)
+
+
+def select_rows(table: pa.Table, split_by: str = "prompt_id") -> NodeRows:
+    """The predictor's rows and labels from a node-log table (see the module docstring)."""
+    request_all = request_keys(table)
+    mask = conditional_mask(table, request_all)
+    sub = table.filter(pa.array(mask))
+    columns = {name: _np(sub, name) for name in FEATURE_COLUMNS}
+    hard = _np(sub, "target_argmax_match").astype(np.float64)
+    accept = _np(sub, "accept_prob").astype(np.float64)
+    target = _np(sub, "target_prob").astype(np.float64)
+    soft = np.where(np.isnan(accept), target, accept)
+    fallback = np.isnan(soft)
+    soft = np.clip(np.where(fallback, hard, soft), 0.0, 1.0)
+    request = request_all[mask]
+    group = columns["prompt_id"] if split_by == "prompt_id" else request
+    return NodeRows(columns, hard, soft, group, request, table.num_rows, int(fallback.sum()))
+
+
+def encode(columns: Mapping[str, np.ndarray], schema: FeatureSchema, out: np.ndarray | None = None) -> np.ndarray:
+    """Feature matrix (rows x features, float64) in schema order; categories become codes, unknown NaN.
+
+    Categorical columns may also be given as integer codes already (index into the schema's categories).
+    """
+    names = schema.names
+    n = len(columns[names[0]])
+    x = out[:n] if out is not None and out.shape[0] >= n else np.empty((n, len(names)), dtype=np.float64)
+    for j, spec in enumerate(schema.features):
+        col = np.asarray(columns[spec.name])
+        if len(col) != n:
+            raise FeatureSchemaError(
+                f"feature {spec.name!r} has {len(col)} values, {names[0]!r} has {n}: give one value per candidate"
+            )
+        if spec.kind == "categorical" and col.dtype.kind in "OUS":
+            lut = _lookup(spec)
+            x[:, j] = [lut.get(v, math.nan) for v in col.tolist()]
+        else:
+            x[:, j] = col
+    return x
+
+
+_LOOKUPS: dict[tuple[str, ...], dict[str, float]] = {}
+
+
+def _lookup(spec: FeatureSpec) -> dict[str, float]:
+    cats = tuple(spec.categories or ())
+    lut = _LOOKUPS.get(cats)
+    if lut is None:
+        lut = _LOOKUPS[cats] = {c: float(i) for i, c in enumerate(cats)}
+    return lut

@@ -1,0 +1,236 @@
+"""Training, saving, loading and runtime prediction of the LightGBM acceptance predictor."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import lightgbm as lgb
+import numpy as np
+import pyarrow as pa
+
+from decoder.nodelog import FEATURE_COLUMNS, SCHEMA_VERSION
+from predictor.calibration import IsotonicCalibrator, fit_isotonic
+from predictor.config import PredictorConfig
+from predictor.features import (
+    FEATURE_SCHEMA_VERSION,
+    FeatureSchema,
+    FeatureSchemaError,
+    NodeRows,
+    build_schema,
+    encode,
+    select_rows,
+)
+from predictor.metrics import binary_metrics
+from predictor.split import PromptSplit, split_by_prompt
+
+MODEL_FILE = "model.txt"
+SCHEMA_FILE = "feature_schema.json"
+METRICS_FILE = "metrics.json"
+CONFIG_FILE = "config.json"
+SPLIT_FILE = "split.json"
+CALIBRATION_FILE = "calibration.json"
+
+
+class PredictorError(ValueError):
+    """A predictor cannot be trained or loaded; the message says why and what to do."""
+
+
+class AcceptancePredictor:
+    """P(target accepts a drafted node | its parent is accepted), from pre-verification features.
+
+    ``predict_batch`` reuses one feature buffer, so one instance must not be shared between threads.
+    """
+
+    def __init__(self, booster: lgb.Booster, schema: FeatureSchema, config: PredictorConfig,
+                 calibrator: IsotonicCalibrator | None = None, split: PromptSplit | None = None,
+                 metrics: dict[str, Any] | None = None) -> None:
+        self.booster = booster
+        self.schema = schema
+        self.config = config
+        self.calibrator = calibrator
+        self.split = split
+        self.metrics: dict[str, Any] = metrics or {}
+        self._names = frozenset(schema.names)
+        self._buffer = np.empty((64, len(schema.names)), dtype=np.float64)
+
+    @property
+    def feature_names(self) -> list[str]:
+        """The exact keys ``predict_batch`` expects."""
+        return self.schema.names
+
+    def predict_batch(self, features: Mapping[str, np.ndarray]) -> np.ndarray:
+        """Acceptance probabilities for one frontier: a dict of equal-length arrays keyed by feature name."""
+        if features.keys() != self._names:
+            self.schema.check_keys(features)
+        n = len(next(iter(features.values())))
+        if n > self._buffer.shape[0]:
+            self._buffer = np.empty((n, self._buffer.shape[1]), dtype=np.float64)
+        return self.predict_matrix(encode(features, self.schema, self._buffer))
+
+    def predict_matrix(self, x: np.ndarray) -> np.ndarray:
+        """Probabilities for an encoded feature matrix (rows x schema features)."""
+        p = self.booster.predict(x, num_threads=1)
+        return self.calibrator(p) if self.calibrator is not None else p
+
+    def predict_rows(self, rows: NodeRows, calibrated: bool = True) -> np.ndarray:
+        x = encode(rows.columns, self.schema)
+        return self.predict_matrix(x) if calibrated else self.booster.predict(x, num_threads=1)
+
+    def importance(self) -> dict[str, float]:
+        """Total split gain per feature."""
+        gain = self.booster.feature_importance(importance_type="gain")
+        return {n: float(g) for n, g in zip(self.schema.names, gain, strict=True)}
+
+    def save(self, directory: str | Path) -> Path:
+        """Write model.txt, feature_schema.json, metrics.json, config.json, split.json (+ calibration)."""
+        out = Path(directory)
+        out.mkdir(parents=True, exist_ok=True)
+        self.booster.save_model(str(out / MODEL_FILE))
+        _write_json(out / SCHEMA_FILE, self.schema.to_dict())
+        _write_json(out / METRICS_FILE, self.metrics)
+        _write_json(out / CONFIG_FILE, self.config.model_dump())
+        if self.split is not None:
+            _write_json(out / SPLIT_FILE, self.split.to_dict())
+        calib = out / CALIBRATION_FILE
+        if self.calibrator is not None:
+            _write_json(calib, self.calibrator.to_dict())
+        elif calib.exists():
+            calib.unlink()
+        return out
+
+    @classmethod
+    def load(cls, directory: str | Path, expected_features: list[str] | None = None) -> AcceptancePredictor:
+        """Load a saved predictor; raise naming any schema mismatch (with the model, decoder or caller)."""
+        src = Path(directory)
+        for name in (MODEL_FILE, SCHEMA_FILE, CONFIG_FILE):
+            if not (src / name).is_file():
+                raise PredictorError(
+                    f"{src / name} is missing: train a predictor with `treewise train runs/NAME --out {src}`"
+                )
+        schema = FeatureSchema.from_dict(json.loads((src / SCHEMA_FILE).read_text()))
+        booster = lgb.Booster(model_file=str(src / MODEL_FILE))
+        _check_schema(schema, booster, src)
+        if expected_features is not None and list(expected_features) != schema.names:
+            raise FeatureSchemaError(_diff_message("caller's features", expected_features, schema.names, src))
+        config = PredictorConfig.model_validate(json.loads((src / CONFIG_FILE).read_text()))
+        calib_path, split_path, metrics_path = src / CALIBRATION_FILE, src / SPLIT_FILE, src / METRICS_FILE
+        calibrator = IsotonicCalibrator.from_dict(json.loads(calib_path.read_text())) if calib_path.exists() else None
+        split = PromptSplit.from_dict(json.loads(split_path.read_text())) if split_path.exists() else None
+        metrics = json.loads(metrics_path.read_text()) if metrics_path.exists() else {}
+        return cls(booster, schema, config, calibrator, split, metrics)
+
+
+def _write_json(path: Path, data: object) -> None:
+    path.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n")
+
+
+def _diff_message(what: str, got: list[str], want: list[str], src: Path) -> str:
+    missing = [n for n in want if n not in got]
+    extra = [n for n in got if n not in want]
+    order = "" if missing or extra else " (same names, different order)"
+    return (
+        f"{what} do not match the feature schema of {src}{order}: missing {missing}, extra {extra}; "
+        f"retrain with `treewise train runs/NAME --out {src}` or pass exactly {want}"
+    )
+
+
+def _check_schema(schema: FeatureSchema, booster: lgb.Booster, src: Path) -> None:
+    if schema.version != FEATURE_SCHEMA_VERSION:
+        raise FeatureSchemaError(
+            f"{src / SCHEMA_FILE}: feature schema version {schema.version!r}, this treewise reads "
+            f"{FEATURE_SCHEMA_VERSION!r}; retrain with `treewise train runs/NAME --out {src}`"
+        )
+    if schema.node_log_schema_version != SCHEMA_VERSION:
+        raise FeatureSchemaError(
+            f"{src}: trained on node-log schema {schema.node_log_schema_version!r}, the decoder now logs "
+            f"{SCHEMA_VERSION!r}; re-collect logs and retrain with `treewise train runs/NAME --out {src}`"
+        )
+    changed = [
+        f"{f.name} ({f.dtype} in the schema, {FEATURE_COLUMNS.get(f.name, 'absent')} in the node log)"
+        for f in schema.features
+        if str(FEATURE_COLUMNS.get(f.name)) != f.dtype
+    ]
+    if changed:
+        raise FeatureSchemaError(
+            f"{src / SCHEMA_FILE}: features differ from the decoder's node log: {changed}; "
+            f"retrain with `treewise train runs/NAME --out {src}`"
+        )
+    if booster.feature_name() != schema.names:
+        raise FeatureSchemaError(_diff_message(f"features of {MODEL_FILE}", booster.feature_name(), schema.names, src))
+    cat_model = sorted(int(i) for i in booster.params.get("categorical_feature", []) or [])
+    cat_schema = [i for i, f in enumerate(schema.features) if f.kind == "categorical"]
+    if cat_model != cat_schema:
+        raise FeatureSchemaError(
+            f"{src}: categorical features of {MODEL_FILE} ({cat_model}) differ from {SCHEMA_FILE} ({cat_schema}); "
+            f"the files come from different trainings: retrain with `treewise train runs/NAME --out {src}`"
+        )
+
+
+def train(logs: pa.Table, config: PredictorConfig | None = None) -> AcceptancePredictor:
+    """Select rows, split by prompt, fit LightGBM with early stopping, calibrate on validation."""
+    config = config or PredictorConfig()
+    rows = select_rows(logs, config.split_by)
+    if len(rows) == 0:
+        raise PredictorError("the logs hold no verified node with an accepted parent: collect logs with verification")
+    split = split_by_prompt(rows.group, rows.columns["domain"], config.train_fraction, config.valid_fraction,
+                            config.seed)
+    return fit(rows, split, build_schema(logs, config.features), config)
+
+
+def fit(rows: NodeRows, split: PromptSplit, schema: FeatureSchema, config: PredictorConfig) -> AcceptancePredictor:
+    """Fit on a given split (``train`` makes one; studies reuse a model's split for ablations)."""
+    masks = split.masks(rows.group)
+    if not masks.train.any() or not masks.valid.any():
+        raise PredictorError(
+            f"the split left {int(masks.train.sum())} training and {int(masks.valid.sum())} validation rows: "
+            "collect logs for more prompts (at least 3 per domain)"
+        )
+    x = encode(rows.columns, schema)
+    y = rows.label(config.label)
+    dtrain = lgb.Dataset(x[masks.train], y[masks.train], feature_name=schema.names,
+                         categorical_feature=schema.categorical, free_raw_data=False)
+    dvalid = lgb.Dataset(x[masks.valid], y[masks.valid], reference=dtrain)
+    history: dict[str, Any] = {}
+    callbacks = [lgb.record_evaluation(history)]
+    if config.early_stopping_rounds:
+        callbacks.append(lgb.early_stopping(config.early_stopping_rounds, first_metric_only=True, verbose=False))
+    booster = lgb.train(config.lightgbm.to_lightgbm(config.objective, config.seed), dtrain,
+                        num_boost_round=config.num_boost_round, valid_sets=[dvalid], valid_names=["valid"],
+                        callbacks=callbacks)
+    best = booster.best_iteration or booster.current_iteration()
+    # Keep only the best iteration, in exactly the form `load` rebuilds, so saved == in-memory predictions.
+    booster = lgb.Booster(model_str=booster.model_to_string(num_iteration=best))
+    raw_valid = booster.predict(x[masks.valid], num_threads=1)
+    calibrator = fit_isotonic(raw_valid, y[masks.valid]) if config.calibration == "isotonic" else None
+    predictor = AcceptancePredictor(booster, schema, config, calibrator, split)
+    predictor.metrics = _training_metrics(predictor, rows, x, masks, raw_valid, best)
+    return predictor
+
+
+def _training_metrics(predictor: AcceptancePredictor, rows: NodeRows, x: np.ndarray, masks: Any,
+                      raw_valid: np.ndarray, best: int) -> dict[str, Any]:
+    config = predictor.config
+    y = rows.label(config.label)
+    p_test = predictor.predict_matrix(x[masks.test]) if masks.test.any() else np.zeros(0)
+    p_valid = predictor.predict_matrix(x[masks.valid])
+
+    def metrics(p: np.ndarray, m: np.ndarray) -> dict[str, Any]:
+        return binary_metrics(p, y[m], auc_labels=rows.hard[m]).to_dict()
+
+    return {
+        "label": config.label,
+        "calibration": config.calibration,
+        "best_iteration": int(best),
+        "num_trees": int(predictor.booster.num_trees()),
+        "rows": {"logged": rows.n_logged, "train": int(masks.train.sum()), "valid": int(masks.valid.sum()),
+                 "test": int(masks.test.sum())},
+        "prompts": {k: len(getattr(predictor.split, k)) for k in ("train", "valid", "test")},
+        "soft_label_fallback_rows": rows.n_soft_fallback,
+        "valid_uncalibrated": metrics(raw_valid, masks.valid),
+        "valid": metrics(p_valid, masks.valid),
+        "test": metrics(p_test, masks.test),
+        "importance_gain": predictor.importance(),
+    }
