@@ -58,6 +58,20 @@ class _Request:
         return self.accepted / self.tried if self.tried else float("nan")
 
 
+@dataclass(frozen=True)
+class _Run:
+    """Per-request settings of the loop."""
+
+    policy: TreePolicy
+    sampling: Sampling
+    draft_mode: DraftMode
+    generator: torch.Generator | None
+    domain: str
+    prompt_id: str
+    run_id: str
+    log: NodeLogWriter | None
+
+
 class TreeDecoder:
     """Lossless tree speculative decoding for a target/draft pair of Hugging Face causal LMs."""
 
@@ -69,8 +83,7 @@ class TreeDecoder:
         self.device = next(target.parameters()).device
         self.vocab = int(target.get_output_embeddings().weight.shape[0])
         self.context = _context_length(target)
-        gen_cfg = target.generation_config
-        eos = gen_cfg.eos_token_id if gen_cfg.eos_token_id is not None else target.config.eos_token_id
+        eos = target.generation_config.eos_token_id  # what model.generate stops on
         self.eos_ids = frozenset([eos] if isinstance(eos, int) else (eos or []))
         self._token_types = token_type_table(tokenizer, self.vocab)
 
@@ -89,35 +102,45 @@ class TreeDecoder:
                  log: NodeLogWriter | None = None, draft_mode: DraftMode = DEFAULTS.draft_mode) -> GenerationResult:
         sampling = Sampling(temperature, top_k, top_p)
         policy = tree if tree is not None else StaticTree(DEFAULTS.width, DEFAULTS.depth)
-        ids = self._encode(prompt, max_new_tokens)
+        req = self._new_request(self._encode(prompt, max_new_tokens), max_new_tokens)
         gen = torch.Generator().manual_seed(seed) if seed is not None else None
-        req = _Request(seq=torch.tensor(ids, device=self.device), prompt_len=len(ids), max_new_tokens=max_new_tokens)
-        policy.start(RequestInfo(domain, len(ids), max_new_tokens, temperature))
+        run = _Run(policy, sampling, draft_mode, gen, domain, prompt_id, run_id, log)
+        stats = self._loop(req, run)
+        text = self.tokenizer.decode(req.generated, skip_special_tokens=True)
+        return GenerationResult(text, list(req.generated), req.seq[: req.prompt_len].tolist(), req.finish, stats)
+
+    def _new_request(self, ids: list[int], max_new_tokens: int) -> _Request:
+        return _Request(seq=torch.tensor(ids, device=self.device), prompt_len=len(ids), max_new_tokens=max_new_tokens)
+
+    def _loop(self, req: _Request, run: _Run) -> GenerationStats:
+        """The decode loop: draft -> verify -> accept -> cache update until a stop condition."""
+        run.policy.start(RequestInfo(run.domain, req.prompt_len, req.max_new_tokens, run.sampling.temperature))
         stats = GenerationStats()
         start = time.perf_counter()
         while req.finish is None:
             t0 = time.perf_counter()
-            ctx = self._context(req, len(stats.steps), domain)
-            dr = draft_tree(self.draft, req.draft_cache, req.seq, policy, ctx, sampling, draft_mode, self.vocab, gen)
+            ctx = self._context(req, len(stats.steps), run.domain)
+            dr = draft_tree(self.draft, req.draft_cache, req.seq, run.policy, ctx, run.sampling, run.draft_mode,
+                            self.vocab, run.generator)
             logits, verify_s = self._target_forward(req, dr.tree)
-            acc = self.verifier(VerifyInput(dr.tree, logits, sampling, draft_mode, dr.draft_probs, gen))
+            acc = self.verifier(VerifyInput(dr.tree, logits, run.sampling, run.draft_mode, dr.draft_probs,
+                                            run.generator))
             emitted = self._emit(req, dr.tree, acc)
-            if log is not None:
-                meta = RowMeta(run_id, prompt_id, domain, ctx.step, ctx.position, req.prompt_len,
-                               ctx.running_accept_rate, ctx.prev_accepted, temperature)
-                log.add_step(step_rows(dr.candidates, acc, logits.argmax(-1), self._token_types, meta))
+            if run.log is not None:
+                meta = RowMeta(run.run_id, run.prompt_id, run.domain, ctx.step, ctx.position, req.prompt_len,
+                               ctx.running_accept_rate, ctx.prev_accepted, run.sampling.temperature)
+                run.log.add_step(step_rows(dr.candidates, acc, logits.argmax(-1), self._token_types, meta))
             self._commit(req, dr, acc, emitted)
-            tried = int((dr.tree.parents[1:].unsqueeze(1) == torch.tensor(acc.path)).any(1).sum())
-            policy.observe(StepOutcome(ctx.step, dr.tree.size - 1, acc.accepted, tried))
+            tried = int(torch.isin(dr.tree.parents[1:], torch.tensor(acc.path)).sum())
+            run.policy.observe(StepOutcome(ctx.step, dr.tree.size - 1, acc.accepted, tried))
             req.tried, req.accepted, req.prev_accepted = req.tried + tried, req.accepted + acc.accepted, acc.accepted
             other = time.perf_counter() - t0 - dr.forward_s - verify_s
             stats.steps.append(StepStats(dr.candidates.size, dr.tree.size - 1, acc.accepted, len(emitted),
                                          dr.forwards, dr.forward_s, verify_s, other))
         stats.total_s = time.perf_counter() - start
-        if log is not None:
-            log.end_request()
-        text = self.tokenizer.decode(req.generated, skip_special_tokens=True)
-        return GenerationResult(text, list(req.generated), ids, req.finish, stats)
+        if run.log is not None:
+            run.log.end_request()
+        return stats
 
     @torch.inference_mode()
     def generate_plain(self, prompt: str | list[int],
@@ -180,15 +203,17 @@ class TreeDecoder:
         return emitted
 
     def _commit(self, req: _Request, dr: DraftResult, acc: Acceptance, emitted: list[int]) -> None:
-        """Keep only the accepted path in both caches; append the emitted tokens to the sequence."""
-        if req.finish is None:
-            path = torch.tensor(acc.path[1:], dtype=torch.long)
-            committed = req.seq.numel()  # every token up to and including the root
-            keep_rows(req.target_cache, committed, committed - 1 + path)
+        """Keep only the emitted part of the accepted path in both caches; extend the sequence.
+
+        Invariant after each step: the target cache holds every token of ``seq`` but the last (pending) one.
+        """
+        path = torch.tensor(acc.path[1 : len(emitted)], dtype=torch.long)  # the bonus is never cached
+        committed = req.seq.numel()  # every token up to and including the root
+        keep_rows(req.target_cache, committed, committed - 1 + path)
+        if req.draft_cache.get_seq_length() >= committed:
             slots = dr.fed_slot[path]
             fed = slots[: int((slots >= 0).cumprod(0).sum())]  # fed nodes are a prefix of the path
-            if req.draft_cache.get_seq_length() >= committed:
-                keep_rows(req.draft_cache, committed, committed + fed)
+            keep_rows(req.draft_cache, committed, committed + fed)
         req.seq = torch.cat([req.seq, torch.tensor(emitted, dtype=req.seq.dtype, device=self.device)])
 
     # -- helpers -----------------------------------------------------------------------------------

@@ -33,7 +33,7 @@ def step_rows(cand: Candidates, acc: Acceptance, target_argmax: torch.Tensor, to
     has_parent = cand.parent >= 0
     parent_tree[has_parent] = cand.tree_index[cand.parent[has_parent]]
     tokens = cand.tokens
-    on_path = torch.zeros(acc.target_probs.shape[0] if m else 0, dtype=torch.bool)
+    on_path = torch.zeros(acc.target_probs.shape[0], dtype=torch.bool)
     on_path[acc.path] = True
     kept = cand.tree_index >= 0
     path_hit = torch.zeros(m, dtype=torch.bool)

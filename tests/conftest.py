@@ -39,7 +39,7 @@ def make_tokenizer(vocab: int = VOCAB) -> PreTrainedTokenizerFast:
 def make_model(arch: str, seed: int, layers: int = 2, hidden: int = 32, vocab: int = VOCAB,
                max_pos: int = 256) -> PreTrainedModel:
     torch.manual_seed(seed)
-    common = dict(vocab_size=vocab, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    common = dict(vocab_size=vocab, bos_token_id=1, eos_token_id=2, pad_token_id=0, tie_word_embeddings=False)
     if arch == "llama":
         cfg = LlamaConfig(hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
                           num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=max_pos, **common)
