@@ -44,7 +44,8 @@ def collect_cmd(
     suite: Path = typer.Option(_default(CollectConfig, "suite"), help="Suite folder of <domain>.jsonl files."),
     split: str = typer.Option(_default(CollectConfig, "split"), help="train, tune, test or all."),
     domain: list[str] = typer.Option(None, help="Only these domains (repeat the option)."),
-    tree: str = typer.Option(_default(CollectConfig, "tree"), help="static:width=W,depth=D or chain:length=L."),
+    tree: str = typer.Option(_default(CollectConfig, "tree"), help="static:width=W,depth=D, "
+                      "static:branching=W1-W2-... (children per node by level) or chain:length=L."),
     max_new_tokens: int = typer.Option(_default(CollectConfig, "max_new_tokens"), help="New tokens per prompt."),
     temperature: float = typer.Option(_default(CollectConfig, "temperature"), help="0 = greedy."),
     seed: int = typer.Option(_default(CollectConfig, "seed"), help="Sampling seed base (temperature > 0)."),

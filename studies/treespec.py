@@ -19,9 +19,20 @@ class TreeSpecError(TreewiseError):
 
 @dataclass(frozen=True)
 class Param:
-    type: type  # int, float, str or bool
-    default: Any = None  # None: the parameter is required
+    type: type  # int, float, str, bool, or Levels (dash-separated ints: 4-2-1)
+    required: bool = False
+    default: Any = None  # None: left out of the policy's arguments and of the canonical spec
     help: str = ""
+
+
+class Levels(tuple):
+    """A per-level int list written with dashes, since commas separate parameters: ``4-2-1-1``."""
+
+    def __new__(cls, text: str) -> Levels:
+        return super().__new__(cls, (int(x) for x in str(text).split("-")))
+
+    def __str__(self) -> str:
+        return "-".join(str(x) for x in self)
 
 
 @dataclass(frozen=True)
@@ -59,12 +70,17 @@ class TreeSpec:
     @property
     def canonical(self) -> str:
         """The spec with every parameter, in declaration order: stable across spellings."""
-        if not self.params:
-            return self.kind
-        return f"{self.kind}:" + ",".join(f"{k}={v}" for k, v in self.params.items())
+        given = {k: v for k, v in self.params.items() if v is not None}
+        return f"{self.kind}:" + ",".join(f"{k}={v}" for k, v in given.items()) if given else self.kind
 
     def build(self) -> TreePolicy:
-        return _KINDS[self.kind].build(**self.params)
+        try:
+            return _KINDS[self.kind].build(**self.params)
+        except TreeSpecError:
+            raise
+        except TreewiseError as err:  # the policy's own check (too many nodes, width 0): name the spec
+            raise TreeSpecError(f"tree spec {self.canonical}: {err} (on the command line: "
+                                f"{_KINDS[self.kind].syntax})") from None
 
 
 def _known() -> str:
@@ -81,7 +97,7 @@ def _convert(kind: TreeKind, key: str, raw: str) -> Any:
         return want(raw)
     except ValueError:
         raise TreeSpecError(
-            f"tree spec {kind.name}: {key}={raw!r} is not of type {want.__name__}; use {kind.syntax}"
+            f"tree spec {kind.name}: {key}={raw!r} is not of type {want.__name__.lower()}; use {kind.syntax}"
         ) from None
 
 
@@ -104,7 +120,7 @@ def parse_tree_spec(text: str) -> TreeSpec:
         given[key] = _convert(kind, key, raw.strip())
     params = {}
     for key, param in kind.params.items():
-        if key not in given and param.default is None:
+        if key not in given and param.required:
             raise TreeSpecError(f"tree spec {text!r}: missing {key}=...; use {kind.syntax}")
         params[key] = given.get(key, param.default)
     return TreeSpec(kind.name, params)
@@ -115,12 +131,24 @@ def build_tree(text: str) -> TreePolicy:
     return parse_tree_spec(text).build()
 
 
+def _static(width: int | None, depth: int | None, branching: Levels | None) -> StaticTree:
+    if branching is not None:
+        if width is not None or depth is not None:
+            raise TreeSpecError("tree spec static: give width=W,depth=D or branching=W1-W2-..., not both")
+        return StaticTree(branching=tuple(branching))
+    if width is None or depth is None:
+        raise TreeSpecError("tree spec static: missing width or depth; use static:width=W,depth=D or "
+                            "static:branching=W1-W2-... (children per node at each level)")
+    return StaticTree(width=width, depth=depth)
+
+
 register_tree_kind(TreeKind(
-    "static", lambda width, depth: StaticTree(width=width, depth=depth),
-    {"width": Param(int, help="nodes kept per level"), "depth": Param(int, help="levels")},
-    help="fixed top-k beam: width nodes at each of depth levels",
+    "static", _static,
+    {"width": Param(int, help="children per node"), "depth": Param(int, help="levels"),
+     "branching": Param(Levels, help="children per node at each level, e.g. 4-2-1-1-1-1")},
+    help="full top-k tree: every node drafts the draft's top `width` children, `depth` levels",
 ))
 register_tree_kind(TreeKind(
-    "chain", lambda length: Chain(length=length), {"length": Param(int, help="draft tokens")},
+    "chain", lambda length: Chain(length=length), {"length": Param(int, required=True, help="draft tokens")},
     help="a single draft path",
 ))

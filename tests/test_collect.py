@@ -166,8 +166,12 @@ def test_tree_specs():
     assert parse_tree_spec("static:width=2,depth=3").build() == StaticTree(width=2, depth=3)
     assert parse_tree_spec(" static:depth=6, width=4").canonical == "static:width=4,depth=6"
     assert parse_tree_spec("chain:length=5").build() == Chain(length=5)
-    for bad, needle in (("beam:width=2", "unknown tree kind"), ("static:width=2", "missing depth"),
+    wide = parse_tree_spec("static:branching=4-2-1-1-1-1")
+    assert wide.canonical == "static:branching=4-2-1-1-1-1"
+    assert wide.build() == StaticTree(branching=(4, 2, 1, 1, 1, 1))
+    for bad, needle in (("beam:width=2", "unknown tree kind"), ("static:width=2", "missing width or depth"),
+                        ("static:width=2,depth=3,branching=2-2", "not both"), ("chain:", "missing length"),
                         ("static:width=two,depth=3", "not of type int"),
                         ("static:width=2,depth=3,x=1", "unknown parameter"), ("chain:5", "not key=value")):
         with pytest.raises(TreeSpecError, match=needle):
-            parse_tree_spec(bad)
+            parse_tree_spec(bad).build()
