@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
@@ -39,7 +39,8 @@ class DraftResult:
     candidates: Candidates
     draft_probs: dict[int, torch.Tensor]  # tree index -> draft distribution at that node (expanded only)
     fed_slot: torch.Tensor  # [n] draft-cache slot (after the committed prefix) of each tree node, -1 if unfed
-    forward_s: float
+    forward_s: float  # time in draft forwards
+    policy_s: float  # time in the policy's plan calls
     forwards: int
 
 
@@ -56,24 +57,22 @@ class DraftContext:
     prev_accepted: int = -1
 
 
-@dataclass
-class _Level:
-    """Candidates of the current depth while drafting (tensors on CPU)."""
+@dataclass(frozen=True)
+class _Expanded:
+    """The nodes expanded at the previous depth: their distributions and bookkeeping (CPU)."""
 
-    tokens: torch.Tensor
-    parent: torch.Tensor
-    rank: torch.Tensor
-    logprob: torch.Tensor
-    entropy: torch.Tensor
-    margin: torch.Tensor
-    path_lp: torch.Tensor
-    parent_prob: torch.Tensor
-    extra: dict[str, torch.Tensor] = field(default_factory=dict)
+    probs: torch.Tensor  # [e, V] draft distribution at each expanded node
+    counts: torch.Tensor  # [e] children to draft for each
+    cand_idx: torch.Tensor  # [e] candidate index (-1 for the root), increasing
+    tree_idx: torch.Tensor  # [e] tree index
+    fed_slot: torch.Tensor  # [e] draft-cache slot among this step's fed nodes (-1 for the root)
+    path_lp: torch.Tensor  # [e]
+    prob: torch.Tensor  # [e] the expanded node's own draft probability
 
 
-def _expand(probs: torch.Tensor, counts: torch.Tensor, parents: torch.Tensor, parent_path_lp: torch.Tensor,
-            parent_prob: torch.Tensor, mode: DraftMode, gen: torch.Generator | None) -> _Level:
-    """Children of each row of ``probs`` [e, V]: top-k (or i.i.d. samples), ``counts[i]`` for row i."""
+def _children(exp: _Expanded, mode: DraftMode, gen: torch.Generator | None) -> dict[str, torch.Tensor]:
+    """Children of each expanded node: top-k (or i.i.d. samples), ``counts[i]`` for row i."""
+    probs, counts = exp.probs, exp.counts
     kmax = int(counts.max())
     if mode == "sampled":
         tok = torch.multinomial(probs, kmax, replacement=True, generator=gen)  # [e, kmax]
@@ -85,120 +84,145 @@ def _expand(probs: torch.Tensor, counts: torch.Tensor, parents: torch.Tensor, pa
     entropy = -(probs * torch.log(probs.clamp_min(1e-30))).sum(-1)
     valid = torch.arange(kmax)[None, :] < counts[:, None]  # [e, kmax]
     rows = torch.arange(probs.shape[0])[:, None].expand(-1, kmax)[valid]
-    ranks = torch.arange(kmax)[None, :].expand(probs.shape[0], -1)[valid]
     lp = torch.log(p[valid].clamp_min(1e-30))
-    return _Level(
-        tokens=tok[valid], parent=parents[rows], rank=ranks, logprob=lp, entropy=entropy[rows],
-        margin=margin[rows], path_lp=parent_path_lp[rows] + lp, parent_prob=parent_prob[rows],
-    )
+    return {
+        "tokens": tok[valid], "parent": exp.cand_idx[rows], "row": rows,
+        "sibling_rank": torch.arange(kmax)[None, :].expand(probs.shape[0], -1)[valid],
+        "draft_logprob": lp, "draft_entropy": entropy[rows], "draft_margin": margin[rows],
+        "path_logprob": exp.path_lp[rows] + lp, "parent_draft_prob": exp.prob[rows],
+    }
 
 
-def draft_tree(
-    model: PreTrainedModel, cache: DynamicCache, seq: torch.Tensor, policy: TreePolicy, ctx: DraftContext,
-    sampling: Sampling, mode: DraftMode, vocab: int, gen: torch.Generator | None = None,
-) -> DraftResult:
-    """Catch the draft cache up with ``seq`` (root = seq[-1]) and draft one tree under ``policy``."""
-    device = seq.device
-    cached = cache.get_seq_length()
-    root_pos = seq.numel() - 1
-    frontier_kw = dict(step=ctx.step, position=ctx.position, prompt_len=ctx.prompt_len, domain=ctx.domain,
-                       temperature=sampling.temperature, max_depth=ctx.max_depth,
-                       running_accept_rate=ctx.running_accept_rate, prev_accepted=ctx.prev_accepted)
-    levels: list[_Level] = []
-    kept_parts: list[torch.Tensor] = []
-    draft_probs: dict[int, torch.Tensor] = {}
-    fed_tree_idx: list[torch.Tensor] = []
-    forward_s, forwards = 0.0, 0
-    root_only = DraftTree.from_parents([-1], seq[-1:])
-    if ctx.max_depth < 1:
-        return DraftResult(root_only, _concat([], []), {}, torch.full((1,), -1), 0.0, 0)
-    one = torch.ones(1)
-    root = Frontier(depth=0, tree_size=0, tokens=seq[-1:].cpu(), parent=torch.full((1,), -1),
-                    sibling_rank=torch.zeros(1, dtype=torch.long), draft_logprob=torch.zeros(1),
-                    draft_entropy=torch.zeros(1), draft_margin=one, path_logprob=torch.zeros(1),
-                    parent_draft_prob=one, **frontier_kw)
-    # Forward 0: the committed tokens the draft has not seen; the last one is the root.
-    chain = seq[cached:]
-    t0 = time.perf_counter()
-    logits = model(input_ids=chain[None], position_ids=torch.arange(cached, seq.numel(), device=device)[None],
-                   cache=cache, use_cache=True, logits_to_keep=1).logits[0, -1:, :]
-    forward_s += time.perf_counter() - t0
-    forwards += 1
-    probs = sampling.probs(_fit_vocab(logits, vocab)).cpu()  # [1, V]
-    plan = policy.plan(root)
-    counts = plan.children[:1].clamp(min=0)
-    draft_probs[0] = probs[0]
-    fed_parent_slot = torch.full((1,), -1)  # the root is committed, not a tree slot
-    fed_anc = torch.zeros(0, 0, dtype=torch.bool)
-    tree_parents, tree_tokens = [torch.full((1,), -1)], [seq[-1:].cpu()]
-    n_tree, offset = 1, 0
-    exp_tree_idx = torch.zeros(1, dtype=torch.long)
-    exp_cand_idx = torch.full((1,), -1)
-    exp_path_lp, exp_prob = torch.zeros(1), one
-    depth = 0
-    while int(counts.sum()) > 0:
-        depth += 1
-        level = _expand(probs, counts, exp_cand_idx, exp_path_lp, exp_prob, mode, gen)
-        level_tree_parent = exp_tree_idx[_rows_of(level.parent, exp_cand_idx)]
-        m = level.tokens.numel()
-        frontier = Frontier(depth=depth, tree_size=n_tree - 1, tokens=level.tokens, parent=level.parent,
-                            sibling_rank=level.rank, draft_logprob=level.logprob, draft_entropy=level.entropy,
-                            draft_margin=level.margin, path_logprob=level.path_lp,
-                            parent_draft_prob=level.parent_prob, **frontier_kw)
-        plan = policy.plan(frontier) if depth < ctx.max_depth else _leaves(policy.plan(frontier))
+class _Drafter:
+    """One step's drafting state: the levels drafted so far and the draft-cache slots they fill."""
+
+    def __init__(self, model: PreTrainedModel, cache: DynamicCache, seq: torch.Tensor, policy: TreePolicy,
+                 ctx: DraftContext, sampling: Sampling, mode: DraftMode, vocab: int,
+                 gen: torch.Generator | None) -> None:
+        self.model, self.cache, self.seq, self.policy, self.ctx = model, cache, seq, policy, ctx
+        self.sampling, self.mode, self.vocab, self.gen = sampling, mode, vocab, gen
+        self.device = seq.device
+        self.dtype = next(model.parameters()).dtype
+        self.committed = seq.numel()  # after forward 0 every committed token is in the draft cache
+        self.levels: list[dict[str, torch.Tensor]] = []
+        self.draft_probs: dict[int, torch.Tensor] = {}
+        self.fed_tree_idx: list[torch.Tensor] = []
+        self.fed_anc = torch.zeros(0, 0, dtype=torch.bool)  # [F, F] ancestry among fed slots
+        self.tree_parents: list[torch.Tensor] = [torch.full((1,), -1)]
+        self.tree_tokens: list[torch.Tensor] = [seq[-1:].cpu()]
+        self.n_tree, self.offset = 1, 0
+        self.forward_s = self.policy_s = 0.0
+        self.forwards = 0
+
+    def run(self) -> DraftResult:
+        if self.ctx.max_depth < 1:
+            return self._result()
+        exp: _Expanded | None = self._root()
+        depth = 0
+        while exp is not None and int(exp.counts.sum()) > 0:
+            depth += 1
+            exp = self._level(exp, depth)
+        return self._result()
+
+    def _forward(self, **kw: object) -> torch.Tensor:
+        t0 = time.perf_counter()
+        logits = self.model(cache=self.cache, use_cache=True, **kw).logits[0]
+        self.forward_s += time.perf_counter() - t0
+        self.forwards += 1
+        return self.sampling.probs(_fit_vocab(logits, self.vocab)).cpu()
+
+    def _plan(self, frontier: Frontier) -> LevelPlan:
+        t0 = time.perf_counter()
+        plan = self.policy.plan(frontier)
+        if frontier.depth >= self.ctx.max_depth:
+            plan = replace(plan, children=torch.zeros_like(plan.children))
+        self.policy_s += time.perf_counter() - t0
+        return plan
+
+    def _frontier(self, depth: int, level: dict[str, torch.Tensor]) -> Frontier:
+        c = self.ctx
+        return Frontier(
+            depth=depth, step=c.step, position=c.position, prompt_len=c.prompt_len, domain=c.domain,
+            temperature=self.sampling.temperature, tree_size=self.n_tree - 1, max_depth=c.max_depth,
+            running_accept_rate=c.running_accept_rate, prev_accepted=c.prev_accepted,
+            tokens=level["tokens"], parent=level["parent"], sibling_rank=level["sibling_rank"],
+            draft_logprob=level["draft_logprob"], draft_entropy=level["draft_entropy"],
+            draft_margin=level["draft_margin"], path_logprob=level["path_logprob"],
+            parent_draft_prob=level["parent_draft_prob"],
+        )
+
+    def _root(self) -> _Expanded:
+        """Forward 0 over the committed tokens the draft has not seen (the last one is the root)."""
+        cached = self.cache.get_seq_length()
+        chain = self.seq[cached:]
+        pos = torch.arange(cached, self.seq.numel(), device=self.device)[None]
+        probs = self._forward(input_ids=chain[None], position_ids=pos, logits_to_keep=1)  # [1, V]
+        zero, one = torch.zeros(1), torch.ones(1)
+        root = {"tokens": self.seq[-1:].cpu(), "parent": torch.full((1,), -1), "sibling_rank": zero.long(),
+                "draft_logprob": zero, "draft_entropy": zero, "draft_margin": one, "path_logprob": zero,
+                "parent_draft_prob": one}
+        counts = self._plan(self._frontier(0, root)).children[:1].clamp(min=0)
+        self.draft_probs[0] = probs[0]
+        minus = torch.full((1,), -1)
+        return _Expanded(probs, counts, minus, torch.zeros(1, dtype=torch.long), minus, zero, one)
+
+    def _level(self, exp: _Expanded, depth: int) -> _Expanded | None:
+        """Draft the children of ``exp``, let the policy prune them, and expand the chosen ones."""
+        level = _children(exp, self.mode, self.gen)
+        plan = self._plan(self._frontier(depth, level))
         keep = plan.keep.bool()
+        m = keep.numel()
         tree_idx = torch.full((m,), -1)
-        tree_idx[keep] = torch.arange(n_tree, n_tree + int(keep.sum()))
-        n_tree += int(keep.sum())
-        levels.append(level)
-        kept_parts.append(tree_idx)
-        tree_parents.append(level_tree_parent[keep])
-        tree_tokens.append(level.tokens[keep])
-        counts_all = torch.where(keep, plan.children.clamp(min=0), 0)
-        expand = counts_all > 0
-        if not bool(expand.any()):
-            break
-        # One draft forward over every node to expand at this depth.
-        e_rows = torch.nonzero(expand).flatten()
-        parent_slot = fed_parent_slot[_rows_of(level.parent[e_rows], exp_cand_idx)]
-        f_prev, e = fed_anc.shape[0], e_rows.numel()
+        tree_idx[keep] = torch.arange(self.n_tree, self.n_tree + int(keep.sum()))
+        self.n_tree += int(keep.sum())
+        level["tree_index"] = tree_idx
+        level["depth"] = torch.full((m,), depth)
+        self.levels.append(level)
+        self.tree_parents.append(exp.tree_idx[level["row"]][keep])
+        self.tree_tokens.append(level["tokens"][keep])
+        counts = torch.where(keep, plan.children.clamp(min=0), 0)
+        rows = torch.nonzero(counts > 0).flatten()
+        start = self.offset
+        self.offset += m
+        if rows.numel() == 0:
+            return None
+        return self._feed(exp, level, rows, counts[rows], start, depth)
+
+    def _feed(self, exp: _Expanded, level: dict[str, torch.Tensor], rows: torch.Tensor, counts: torch.Tensor,
+              start: int, depth: int) -> _Expanded:
+        """One draft forward over the ``rows`` of this level: each sees the committed prefix and its ancestors."""
+        parent_slot = exp.fed_slot[level["row"][rows]]
+        f_prev, e = self.fed_anc.shape[0], rows.numel()
         anc = torch.zeros(e, f_prev + e, dtype=torch.bool)
         has_parent = parent_slot >= 0
-        anc[has_parent, :f_prev] = fed_anc[parent_slot[has_parent]]
+        anc[has_parent, :f_prev] = self.fed_anc[parent_slot[has_parent]]
         anc[:, f_prev:] = torch.eye(e, dtype=torch.bool)
-        fed_anc = torch.cat([torch.cat([fed_anc, torch.zeros(f_prev, e, dtype=torch.bool)], 1), anc], 0)
-        mask = tree_attention_mask(anc.to(device), cached + chain.numel(), _mask_dtype(model))
-        pos = torch.full((1, e), root_pos + depth, device=device)
-        t0 = time.perf_counter()
-        logits = model(input_ids=level.tokens[e_rows].to(device)[None], position_ids=pos, attention_mask=mask,
-                       cache=cache, use_cache=True).logits[0]
-        forward_s += time.perf_counter() - t0
-        forwards += 1
-        probs = sampling.probs(_fit_vocab(logits, vocab)).cpu()  # [e, V]
-        exp_tree_idx = tree_idx[e_rows]
-        fed_tree_idx.append(exp_tree_idx)
-        for i, t in enumerate(exp_tree_idx.tolist()):
-            draft_probs[t] = probs[i]
-        exp_cand_idx = e_rows + offset
-        fed_parent_slot = torch.arange(f_prev, f_prev + e)
-        exp_path_lp, exp_prob = level.path_lp[e_rows], level.logprob[e_rows].exp()
-        counts = counts_all[e_rows]
-        offset += m
-    tree = DraftTree.from_parents(torch.cat(tree_parents), torch.cat(tree_tokens))
-    fed_slot = torch.full((n_tree,), -1)
-    if fed_tree_idx:
-        idx = torch.cat(fed_tree_idx)
-        fed_slot[idx] = torch.arange(idx.numel())
-    return DraftResult(tree, _concat(levels, kept_parts), draft_probs, fed_slot, forward_s, forwards)
+        self.fed_anc = torch.cat([torch.cat([self.fed_anc, torch.zeros(f_prev, e, dtype=torch.bool)], 1), anc])
+        mask = tree_attention_mask(anc.to(self.device), self.committed, self.dtype)
+        pos = torch.full((1, e), self.seq.numel() - 1 + depth, device=self.device)
+        probs = self._forward(input_ids=level["tokens"][rows].to(self.device)[None], position_ids=pos,
+                              attention_mask=mask)  # [e, V]
+        tree_idx = level["tree_index"][rows]
+        self.fed_tree_idx.append(tree_idx)
+        self.draft_probs.update(zip(tree_idx.tolist(), probs, strict=True))
+        return _Expanded(probs, counts, rows + start, tree_idx, torch.arange(f_prev, f_prev + e),
+                         level["path_logprob"][rows], level["draft_logprob"][rows].exp())
+
+    def _result(self) -> DraftResult:
+        tree = DraftTree.from_parents(torch.cat(self.tree_parents), torch.cat(self.tree_tokens))
+        fed_slot = torch.full((self.n_tree,), -1)
+        if self.fed_tree_idx:
+            idx = torch.cat(self.fed_tree_idx)
+            fed_slot[idx] = torch.arange(idx.numel())
+        return DraftResult(tree, _candidates(self.levels), self.draft_probs, fed_slot, self.forward_s,
+                           self.policy_s, self.forwards)
 
 
-def _rows_of(cand_idx: torch.Tensor, expanded_cand_idx: torch.Tensor) -> torch.Tensor:
-    """Position of each candidate's parent within the expanded set of the previous level."""
-    return torch.searchsorted(expanded_cand_idx, cand_idx)
-
-
-def _leaves(plan: LevelPlan) -> LevelPlan:
-    return replace(plan, children=torch.zeros_like(plan.children))
+def draft_tree(model: PreTrainedModel, cache: DynamicCache, seq: torch.Tensor, policy: TreePolicy,
+               ctx: DraftContext, sampling: Sampling, mode: DraftMode, vocab: int,
+               gen: torch.Generator | None = None) -> DraftResult:
+    """Catch the draft cache up with ``seq`` (root = seq[-1]) and draft one tree under ``policy``."""
+    return _Drafter(model, cache, seq, policy, ctx, sampling, mode, vocab, gen).run()
 
 
 def _fit_vocab(logits: torch.Tensor, vocab: int) -> torch.Tensor:
@@ -212,20 +236,13 @@ def _fit_vocab(logits: torch.Tensor, vocab: int) -> torch.Tensor:
     return torch.cat([logits, pad], dim=-1)
 
 
-def _mask_dtype(model: PreTrainedModel) -> torch.dtype:
-    return next(model.parameters()).dtype
+_FIELDS = ("tokens", "parent", "depth", "sibling_rank", "draft_logprob", "draft_entropy", "draft_margin",
+           "path_logprob", "parent_draft_prob", "tree_index")
 
 
-def _concat(levels: list[_Level], kept: list[torch.Tensor]) -> Candidates:
-    def cat(name: str, dtype: torch.dtype) -> torch.Tensor:
-        return torch.cat([getattr(lv, name) for lv in levels]) if levels else torch.zeros(0, dtype=dtype)
-
-    depth = [torch.full((lv.tokens.numel(),), d + 1) for d, lv in enumerate(levels)]
-    return Candidates(
-        tokens=cat("tokens", torch.long), parent=cat("parent", torch.long),
-        depth=torch.cat(depth) if depth else torch.zeros(0, dtype=torch.long),
-        sibling_rank=cat("rank", torch.long), draft_logprob=cat("logprob", torch.float32),
-        draft_entropy=cat("entropy", torch.float32), draft_margin=cat("margin", torch.float32),
-        path_logprob=cat("path_lp", torch.float32), parent_draft_prob=cat("parent_prob", torch.float32),
-        tree_index=torch.cat(kept) if kept else torch.zeros(0, dtype=torch.long),
-    )
+def _candidates(levels: list[dict[str, torch.Tensor]]) -> Candidates:
+    if not levels:
+        empty = {f: torch.zeros(0, dtype=torch.long if f in ("tokens", "parent", "depth", "sibling_rank",
+                                                              "tree_index") else torch.float32) for f in _FIELDS}
+        return Candidates(**empty)
+    return Candidates(**{f: torch.cat([lv[f] for lv in levels]) for f in _FIELDS})

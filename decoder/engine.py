@@ -136,7 +136,7 @@ class TreeDecoder:
             req.tried, req.accepted, req.prev_accepted = req.tried + tried, req.accepted + acc.accepted, acc.accepted
             other = time.perf_counter() - t0 - dr.forward_s - verify_s
             stats.steps.append(StepStats(dr.candidates.size, dr.tree.size - 1, acc.accepted, len(emitted),
-                                         dr.forwards, dr.forward_s, verify_s, other))
+                                         dr.forwards, dr.forward_s, verify_s, other, dr.policy_s))
         stats.total_s = time.perf_counter() - start
         if run.log is not None:
             run.log.end_request()

@@ -18,6 +18,7 @@ class StepStats:
     draft_s: float  # time in draft forwards
     verify_s: float  # time in the target forward
     other_s: float  # everything else: policy, masks, verification, cache compaction, logging
+    policy_s: float = 0.0  # the part of other_s spent in the tree policy (predictor included)
 
 
 @dataclass
@@ -63,6 +64,10 @@ class GenerationStats:
         return sum(s.other_s for s in self.steps)
 
     @property
+    def policy_s(self) -> float:
+        return sum(s.policy_s for s in self.steps)
+
+    @property
     def overhead_share(self) -> float:
         """Share of step time spent outside model forwards."""
         busy = self.draft_s + self.verify_s + self.other_s
@@ -76,7 +81,7 @@ class GenerationStats:
         return {
             "new_tokens": self.new_tokens, "steps": self.n_steps, "tau": self.tau, "drafted": self.drafted,
             "verified": self.verified, "accepted": self.accepted, "draft_s": self.draft_s,
-            "verify_s": self.verify_s, "other_s": self.other_s, "total_s": self.total_s,
+            "verify_s": self.verify_s, "other_s": self.other_s, "policy_s": self.policy_s, "total_s": self.total_s,
             "tokens_per_s": self.tokens_per_s, "overhead_share": self.overhead_share,
         }
 
