@@ -14,7 +14,7 @@ from rich.table import Table
 from decoder import NodeLogError, TreeDecoder, TreewiseError
 
 from .acceptance import StudyConfig, analyze
-from .acceptance_report import print_report, write_figures
+from .acceptance_report import markdown_report, print_report, write_figures
 from .collect import CollectConfig, CollectPlan, CollectSummary, load_decoder, plan_collect, run_collect, summarize
 from .collect_store import PromptRecord, load_run, read_records
 from .suites import SuiteError
@@ -123,6 +123,7 @@ def acceptance_cmd(
     run: Path = typer.Argument(..., help="Run folder written by `treewise collect` (all shards are read)."),
     json_out: Path = typer.Option(None, "--json", help="Write the study (the machine-readable contract) here."),
     plots: Path = typer.Option(None, help="Write the PNG figures into this folder."),
+    markdown: Path = typer.Option(None, help="Write the report's tables as markdown here (for docs)."),
     bootstrap_reps: int = typer.Option(_STUDY.bootstrap_reps, help="Bootstrap replicates (resampling prompts)."),
     seed: int = typer.Option(_STUDY.seed, help="Seed of the bootstrap and the fold split."),
     folds: int = typer.Option(_STUDY.folds, help="Prompt folds of the domain-vs-depth log-loss."),
@@ -139,6 +140,10 @@ def acceptance_cmd(
     print_report(study, console, missing=data.missing)
     if json_out is not None:
         _write_json(json_out, study)
+    if markdown is not None:
+        markdown.parent.mkdir(parents=True, exist_ok=True)
+        markdown.write_text(markdown_report(study, data.missing), encoding="utf-8")
+        console.print(f"wrote {markdown}")
     if plots is not None:
         for path in write_figures(study, plots):
             console.print(f"wrote {path}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import matplotlib
@@ -28,41 +29,44 @@ def _rows(study: AcceptanceStudy) -> list[tuple[str, DomainStats]]:
     return [*study.domains.items(), ("all", study.overall)]
 
 
-def summary_table(study: AcceptanceStudy) -> Table:
-    t = Table(title=f"Acceptance by domain — {study.run} ({study.tree}, T={study.temperature:g})")
-    for col in ("domain", "prompts", "steps", "drafted", "verified", "accept", "seed", "tau", "E[L]", "util",
-                "savings", "entropy", "rho [95% CI]", "tok/s"):
-        t.add_column(col, justify="left" if col == "domain" else "right")
+@dataclass
+class TableData:
+    """A table independent of how it is shown (rich in the terminal, markdown in docs)."""
+
+    title: str
+    columns: list[str]
+    rows: list[list[str]] = field(default_factory=list)
+
+
+def summary_table(study: AcceptanceStudy) -> TableData:
+    t = TableData(f"Acceptance by domain — {study.tree}, T={study.temperature:g}",
+                  ["domain", "prompts", "steps", "drafted", "verified", "accept", "seed accept", "tau", "E[L]",
+                   "util", "savings", "entropy", "rho [95% CI]", "tok/s"])
     for name, d in _rows(study):
-        t.add_row(name, str(d.prompts), str(d.steps), str(d.drafted_nodes), str(d.verified_nodes),
-                  _f(d.acceptance_rate), _f(_seed_value(study, name)), _f(d.tau, 2), _f(d.mean_accepted_length, 2),
-                  _f(d.node_utilisation), _f(d.target_call_savings), _f(d.mean_entropy, 2),
-                  f"{_f(d.spearman_rho)} [{_f(d.spearman_ci95[0])}, {_f(d.spearman_ci95[1])}]",
-                  _f(d.tokens_per_s, 0))
+        t.rows.append([name, str(d.prompts), str(d.steps), str(d.drafted_nodes), str(d.verified_nodes),
+                       _f(d.acceptance_rate), _f(_seed_value(study, name)), _f(d.tau, 2),
+                       _f(d.mean_accepted_length, 2), _f(d.node_utilisation), _f(d.target_call_savings),
+                       _f(d.mean_entropy, 2), f"{_f(d.spearman_rho)} [{_f(d.spearman_ci95[0])}, "
+                       f"{_f(d.spearman_ci95[1])}]", _f(d.tokens_per_s, 0)])
     return t
 
 
-def _list_table(title: str, study: AcceptanceStudy, attr: str, label: str) -> Table:
+def _list_table(title: str, study: AcceptanceStudy, attr: str, label: str) -> TableData:
     width = max(len(getattr(d, attr)) for _, d in _rows(study))
-    t = Table(title=title)
-    t.add_column("domain")
-    for k in range(width):
-        t.add_column(f"{label}{k + (0 if label == 'L=' else 1)}", justify="right")
+    first = 0 if label == "L=" else 1
+    t = TableData(title, ["domain", *[f"{label}{k + first}" for k in range(width)]])
     for name, d in _rows(study):
         values = getattr(d, attr)
-        t.add_row(name, *[_f(v) for v in values], *[""] * (width - len(values)))
+        t.rows.append([name, *[_f(v) for v in values], *[""] * (width - len(values))])
     return t
 
 
-def _rate_table(title: str, study: AcceptanceStudy, attr: str) -> Table:
+def _rate_table(title: str, study: AcceptanceStudy, attr: str) -> TableData:
     keys = sorted({r.key for _, d in _rows(study) for r in getattr(d, attr)}, key=_sort_key)
-    t = Table(title=title)
-    t.add_column("domain")
-    for k in keys:
-        t.add_column(k, justify="right")
+    t = TableData(title, ["domain", *keys])
     for name, d in _rows(study):
         by = {r.key: r for r in getattr(d, attr)}
-        t.add_row(name, *[f"{_f(by[k].rate)} ({by[k].nodes})" if k in by else "" for k in keys])
+        t.rows.append([name, *[f"{_f(by[k].rate)} ({by[k].nodes})" if k in by else "" for k in keys]])
     return t
 
 
@@ -70,44 +74,82 @@ def _sort_key(key: str) -> tuple[int, str]:
     return (int(key), "") if key.isdigit() else (10**9, key)
 
 
-def claims_table(study: AcceptanceStudy) -> Table:
-    t = Table(title=f"Seed claims ({study.seed.source}: {study.seed.pair}, {study.seed.tree})", show_lines=True)
-    for col in ("#", "claim", "holds", "evidence"):
-        t.add_column(col)
-    for c in study.claims:
-        t.add_row(str(c.id), c.claim, "[green]yes[/]" if c.holds else "[red]no[/]", c.evidence)
+def dvd_table(study: AcceptanceStudy) -> TableData:
+    t = TableData("Domain vs depth: out-of-fold log-loss reduction over one global rate (nats per verified node)",
+                  ["domains", "nodes", "prompts", "one-rate log-loss", "domain-only [95% CI]",
+                   "depth-only [95% CI]", "difference [95% CI]", "stronger"])
+    for dvd in filter(None, (study.domain_vs_depth, study.domain_vs_depth_seed_domains)):
+        ci = lambda lo, hi: f"[{_f(lo, 5)}, {_f(hi, 5)}]"  # noqa: E731
+        t.rows.append([", ".join(dvd.domains), str(dvd.nodes), str(dvd.prompts), _f(dvd.baseline_logloss, 4),
+                       f"{_f(dvd.domain_reduction, 5)} {ci(*dvd.domain_ci95)}",
+                       f"{_f(dvd.depth_reduction, 5)} {ci(*dvd.depth_ci95)}",
+                       f"{_f(dvd.difference, 5)} {ci(*dvd.difference_ci95)}", dvd.stronger])
     return t
 
 
-def print_report(study: AcceptanceStudy, console: Console, missing: int = 0) -> None:
-    console.print(summary_table(study))
-    console.print(_list_table("Distribution of accepted lengths (share of steps)", study, "accepted_length_dist", "L="))
-    console.print(_list_table("Per-position acceptance (vLLM): share of steps reaching position k", study,
-                              "per_position_acceptance", "k="))
-    console.print(_list_table("Depth acceptance, node level (seed definition)", study, "depth_acceptance", "d="))
-    console.print(_list_table("Depth acceptance given the parent was accepted", study,
-                              "depth_acceptance_given_parent", "d="))
-    console.print(_list_table("On-path acceptance: share of steps reaching depth d", study, "depth_on_path", "d="))
-    console.print(_rate_table("Acceptance by sibling rank: rate (verified nodes)", study, "by_sibling_rank"))
-    console.print(_rate_table("Acceptance by token type: rate (verified nodes)", study, "by_token_type"))
-    for dvd in filter(None, (study.domain_vs_depth, study.domain_vs_depth_seed_domains)):
-        console.print(
-            f"[bold]Domain vs depth[/] over {', '.join(dvd.domains)} ({dvd.nodes} verified nodes, {dvd.prompts} "
-            f"prompts): log-loss {dvd.baseline_logloss:.4f} nats/node with one rate; reduction domain-only "
-            f"{dvd.domain_reduction:.5f} [{_f(dvd.domain_ci95[0], 5)}, {_f(dvd.domain_ci95[1], 5)}], depth-only "
-            f"{dvd.depth_reduction:.5f} [{_f(dvd.depth_ci95[0], 5)}, {_f(dvd.depth_ci95[1], 5)}] -> stronger: "
-            f"[bold]{dvd.stronger}[/]"
-        )
-    console.print(claims_table(study))
-    colour = "green" if study.greedy_mismatches == 0 else "red"
-    console.print(f"[{colour}]Greedy check: {study.greedy_checked} prompts compared with plain target greedy, "
-                  f"{study.greedy_mismatches} mismatches[/]")
+def claims_table(study: AcceptanceStudy) -> TableData:
+    t = TableData(f"Seed claims ({study.seed.source}: {study.seed.pair}, {study.seed.tree})",
+                  ["#", "claim", "holds", "evidence"])
+    for c in study.claims:
+        t.rows.append([str(c.id), c.claim, "yes" if c.holds else "no", c.evidence])
+    return t
+
+
+def report_tables(study: AcceptanceStudy) -> list[TableData]:
+    return [
+        summary_table(study),
+        _list_table("Distribution of accepted lengths (share of steps)", study, "accepted_length_dist", "L="),
+        _list_table("Per-position acceptance (vLLM): share of steps reaching draft position k", study,
+                    "per_position_acceptance", "k="),
+        _list_table("Depth acceptance, node level (seed definition)", study, "depth_acceptance", "d="),
+        _list_table("Depth acceptance given the parent was accepted", study, "depth_acceptance_given_parent", "d="),
+        _list_table("On-path acceptance: share of steps reaching depth d", study, "depth_on_path", "d="),
+        _rate_table("Acceptance by sibling rank: rate (verified nodes)", study, "by_sibling_rank"),
+        _rate_table("Acceptance by token type: rate (verified nodes)", study, "by_token_type"),
+        dvd_table(study),
+        claims_table(study),
+    ]
+
+
+def _to_rich(t: TableData) -> Table:
+    table = Table(title=t.title, show_lines=t.columns[-1] == "evidence")
+    for col in t.columns:
+        table.add_column(col, justify="left" if col in ("domain", "domains", "claim", "evidence") else "right")
+    for row in t.rows:
+        table.add_row(*[{"yes": "[green]yes[/]", "no": "[red]no[/]"}.get(c, c) for c in row])
+    return table
+
+
+def _notes(study: AcceptanceStudy, missing: int) -> list[str]:
+    notes = [f"Greedy check: {study.greedy_checked} prompts compared with plain target greedy, "
+             f"{study.greedy_mismatches} mismatches."]
     if study.log_consistency_errors:
-        console.print(f"[red]{study.log_consistency_errors} steps where node rows and the step log disagree on "
-                      "the accepted length[/]")
+        notes.append(f"{study.log_consistency_errors} steps where node rows and the step log disagree on the "
+                     "accepted length.")
     if missing:
-        console.print(f"[yellow]{missing} prompts of the run are not finished yet (shards still running?)[/]")
+        notes.append(f"{missing} prompts of the run are not finished yet (shards still running, or refused).")
+    return notes
+
+
+def print_report(study: AcceptanceStudy, console: Console, missing: int = 0) -> None:
+    for t in report_tables(study):
+        console.print(_to_rich(t))
+    for note in _notes(study, missing):
+        console.print(note, style="red" if "mismatches" in note and study.greedy_mismatches else None)
     console.print("[dim]Definitions: " + "; ".join(f"{k}: {v}" for k, v in study.definitions.items()) + "[/]")
+
+
+def markdown_report(study: AcceptanceStudy, missing: int = 0) -> str:
+    """The same tables as markdown, for docs."""
+    parts = [f"Run `{study.run}`, tree `{study.tree}`, temperature {study.temperature:g}."]
+    for t in report_tables(study):
+        parts.append(f"**{t.title}**\n")
+        parts.append("| " + " | ".join(t.columns) + " |")
+        parts.append("|" + "|".join("---" for _ in t.columns) + "|")
+        parts.extend("| " + " | ".join(c.replace("|", "/") for c in row) + " |" for row in t.rows)
+        parts.append("")
+    parts.extend(_notes(study, missing))
+    return "\n".join(parts) + "\n"
 
 
 def _depths(values: list[float]) -> list[int]:
