@@ -7,7 +7,6 @@ layout and its crash-safety are described in ``studies.collect_store``.
 from __future__ import annotations
 
 import hashlib
-import os
 import platform
 import subprocess
 import time
@@ -32,14 +31,9 @@ from .collect_store import (
     remove_orphans,
     write_json_atomic,
 )
+from .paths import data_dir
 from .suites import Prompt, load_suite
 from .treespec import parse_tree_spec
-
-
-def data_dir() -> Path:
-    """The project's data folder; TREEWISE_DATA overrides it."""
-    env = os.environ.get("TREEWISE_DATA")
-    return Path(env) if env else Path(__file__).resolve().parents[1] / "data"
 
 
 class CollectConfig(BaseModel):

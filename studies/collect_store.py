@@ -42,6 +42,7 @@ class StepColumns(BaseModel):
     draft_s: list[float] = []
     verify_s: list[float] = []
     other_s: list[float] = []
+    policy_s: list[float] = []  # part of other_s spent in the tree policy
 
 
 class PromptRecord(BaseModel):
