@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -70,6 +71,7 @@ class _Run:
     prompt_id: str
     run_id: str
     log: NodeLogWriter | None
+    stream: Callable[[list[int]], None] | None = None
 
 
 class TreeDecoder:
@@ -99,12 +101,14 @@ class TreeDecoder:
                  tree: TreePolicy | None = None, temperature: float = DEFAULTS.temperature,
                  top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
                  domain: str = "unknown", prompt_id: str = "", run_id: str = "",
-                 log: NodeLogWriter | None = None, draft_mode: DraftMode = DEFAULTS.draft_mode) -> GenerationResult:
+                 log: NodeLogWriter | None = None, draft_mode: DraftMode = DEFAULTS.draft_mode,
+                 stream: Callable[[list[int]], None] | None = None) -> GenerationResult:
+        """Decode ``prompt``; ``stream`` (if given) receives each step's new token ids as they are accepted."""
         sampling = Sampling(temperature, top_k, top_p)
         policy = tree if tree is not None else StaticTree(DEFAULTS.width, DEFAULTS.depth)
         req = self._new_request(self._encode(prompt, max_new_tokens), max_new_tokens)
         gen = torch.Generator().manual_seed(seed) if seed is not None else None
-        run = _Run(policy, sampling, draft_mode, gen, domain, prompt_id, run_id, log)
+        run = _Run(policy, sampling, draft_mode, gen, domain, prompt_id, run_id, log, stream)
         stats = self._loop(req, run)
         text = self.tokenizer.decode(req.generated, skip_special_tokens=True)
         return GenerationResult(text, list(req.generated), req.seq[: req.prompt_len].tolist(), req.finish, stats)
@@ -131,6 +135,8 @@ class TreeDecoder:
                                ctx.running_accept_rate, ctx.prev_accepted, run.sampling.temperature)
                 run.log.add_step(step_rows(dr.candidates, acc, logits.argmax(-1), self._token_types, meta))
             self._commit(req, dr, acc, emitted)
+            if run.stream is not None:
+                run.stream(emitted)
             tried = int(torch.isin(dr.tree.parents[1:], torch.tensor(acc.path)).sum())
             run.policy.observe(StepOutcome(ctx.step, dr.tree.size - 1, acc.accepted, tried))
             req.tried, req.accepted, req.prev_accepted = req.tried + tried, req.accepted + acc.accepted, acc.accepted

@@ -29,5 +29,8 @@ def _register() -> None:
 
 
 def main() -> None:
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # weight-loading bars would interleave with rich output
     _register()
     app()

@@ -8,10 +8,12 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from decoder import TreewiseError
+
 Split = Literal["train", "tune", "test"]
 
 
-class SuiteError(ValueError):
+class SuiteError(TreewiseError):
     """A suite folder or line is malformed; the message names the file and line."""
 
 

@@ -1,0 +1,54 @@
+"""The benchmark command end to end on a tiny local pair: rows, JSON contract, zero mismatches."""
+
+import json
+
+from typer.testing import CliRunner
+
+from studies.cli import _register, app
+
+
+def _suite(tmp_path):
+    d = tmp_path / "suite"
+    d.mkdir()
+    for dom in ("code", "dialogue"):
+        lines = [json.dumps({"id": f"{dom}{i}", "domain": dom, "prompt": f"{dom} prompt {i}:", "split": "test"})
+                 for i in range(2)]
+        (d / f"{dom}.jsonl").write_text("\n".join(lines) + "\n")
+    return d
+
+
+def test_bench_cli_json(tiny_pair_dir, tmp_path) -> None:
+    _register()
+    out = tmp_path / "bench.json"
+    res = CliRunner().invoke(app, [
+        "bench", "--suite", str(_suite(tmp_path)), "--split", "test", "--max-new-tokens", "12", "--repeats", "2",
+        "--target", str(tiny_pair_dir / "target"), "--draft", str(tiny_pair_dir / "draft"), "--json", str(out),
+        "--tree", "wide=static:width=4,depth=2",
+    ])
+    assert res.exit_code == 0, res.output
+    data = json.loads(out.read_text())
+    assert set(data["policies"]) == {"plain", "hf_assisted", "chain", "static", "wide"}
+    for name, row in data["policies"].items():
+        for key in ("tau", "verified_per_step", "drafted_per_step", "tokens_per_s", "speedup", "mismatches"):
+            assert key in row and key in row["per_domain"]["code"]
+        assert row["mismatches"] == 0, name
+        assert row["tokens_per_s"] > 0
+    assert data["policies"]["plain"]["speedup"] == 1.0
+    assert data["policies"]["static"]["spec"].startswith("static:")
+    assert "hf_assisted" in res.output and "treewise bench" in res.output
+
+
+def test_bench_bad_suite_is_a_clear_error(tiny_pair_dir, tmp_path) -> None:
+    _register()
+    res = CliRunner().invoke(app, ["bench", "--suite", str(tmp_path / "missing"),
+                                   "--target", str(tiny_pair_dir / "target"), "--draft", str(tiny_pair_dir / "draft")])
+    assert res.exit_code != 0
+    assert "does not exist" in res.output
+
+
+def test_decode_cli_streams(tiny_pair_dir) -> None:
+    _register()
+    res = CliRunner().invoke(app, ["decode", "hello", "--max-new-tokens", "8", "--target",
+                                   str(tiny_pair_dir / "target"), "--draft", str(tiny_pair_dir / "draft")])
+    assert res.exit_code == 0, res.output
+    assert "steps, tau" in res.output and "finish:" in res.output
