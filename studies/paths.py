@@ -1,17 +1,5 @@
-"""Where the shipped data lives: ``data/`` next to the packages, or $TREEWISE_DATA."""
+"""Where the shipped data lives (re-exported from the decoder, the lowest layer that needs it)."""
 
-from __future__ import annotations
+from decoder.paths import data_dir, default_pair
 
-import os
-from pathlib import Path
-
-
-def data_dir() -> Path:
-    env = os.environ.get("TREEWISE_DATA")
-    return Path(env) if env else Path(__file__).resolve().parents[1] / "data"
-
-
-def default_pair() -> tuple[Path, Path]:
-    """The embedded target and draft folders."""
-    models = data_dir() / "models"
-    return models / "target", models / "draft"
+__all__ = ["data_dir", "default_pair"]
