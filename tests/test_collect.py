@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -100,6 +105,29 @@ def test_resume_after_interrupt_has_no_duplicates(suite_dir, tiny_pair_dir, tmp_
     keys = list(zip(*(data.nodes.column(c).to_pylist() for c in ("prompt_id", "step", "node_id")), strict=True))
     assert len(keys) == len(set(keys))
     assert len(list((cfg.out / "nodes" / "shard-1-of-1").glob("*.parquet"))) == 12
+
+
+def test_kill_9_mid_run_loses_nothing_finished(suite_dir, tiny_pair_dir, tmp_path):
+    out = tmp_path / "killed"
+    args = ["collect", "--suite", str(suite_dir), "--split", "test", "--out", str(out), "--max-new-tokens", "48",
+            "--target", str(tiny_pair_dir / "target"), "--draft", str(tiny_pair_dir / "draft")]
+    env = os.environ | {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    proc = subprocess.Popen([sys.executable, "-c", "from studies.cli import main; main()", *args], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    records = out / "records" / "shard-1-of-1"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None and len(list(records.glob("*.json"))) < 2:
+        time.sleep(0.005)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    survivors = {p.name for p in records.glob("*.json")}
+    assert 2 <= len(survivors) < 12, "the collect should have been killed midway"
+    cfg = config(suite_dir, tiny_pair_dir, out, max_new_tokens=48)
+    summary = collect(cfg)
+    assert summary.skipped == len(survivors) and summary.complete
+    data = load_run(out)
+    assert sorted(data.prompts.column("prompt_id").to_pylist()) == sorted(f"{d}/{i}" for d in DOMAINS for i in range(3))
+    assert data.nodes.num_rows == sum(r.drafted for r in data.records)
 
 
 def test_resume_refuses_other_settings(suite_dir, tiny_pair_dir, full_run):
