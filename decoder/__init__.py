@@ -1,6 +1,6 @@
 """Lossless tree speculative decoding for any pair of Hugging Face causal LMs sharing a tokenizer."""
 
-from .draft import Candidates, DraftContext, DraftResult, draft_tree
+from .draft import DraftContext, DraftResult, draft_tree
 from .engine import DEFAULTS, DecodeConfig, TreeDecoder
 from .errors import TreewiseError
 from .nodelog import (
@@ -13,7 +13,7 @@ from .nodelog import (
     NodeLogWriter,
     read_node_logs,
 )
-from .policy import Chain, Frontier, LevelPlan, RequestInfo, StaticTree, StepOutcome, TreePolicy, top_k_mask
+from .policy import Candidates, Chain, Frontier, LevelPlan, RequestInfo, StaticTree, StepOutcome, TreePolicy, top_k_mask
 from .results import GenerationResult, GenerationStats, StepStats
 from .tree import DraftTree, chain_then_tree, tree_attention_mask
 from .verify import Acceptance, Sampling, Verifier, VerifyInput, verify, verify_greedy

@@ -5,32 +5,13 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, replace
 
+import numpy as np
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from .policy import Frontier, LevelPlan, TreePolicy
+from .policy import Candidates, Frontier, LevelPlan, TreePolicy
 from .tree import DraftTree, tree_attention_mask
 from .verify import DraftMode, Sampling
-
-
-@dataclass(frozen=True)
-class Candidates:
-    """Every candidate drafted in one step (all tensors [m], CPU), in level order."""
-
-    tokens: torch.Tensor
-    parent: torch.Tensor  # candidate index, -1 for the root
-    depth: torch.Tensor
-    sibling_rank: torch.Tensor
-    draft_logprob: torch.Tensor
-    draft_entropy: torch.Tensor
-    draft_margin: torch.Tensor
-    path_logprob: torch.Tensor
-    parent_draft_prob: torch.Tensor
-    tree_index: torch.Tensor  # index in the DraftTree, -1 when the policy pruned it
-
-    @property
-    def size(self) -> int:
-        return int(self.tokens.numel())
 
 
 @dataclass(frozen=True)
@@ -55,6 +36,7 @@ class DraftContext:
     max_depth: int
     running_accept_rate: float = float("nan")
     prev_accepted: int = -1
+    token_types: np.ndarray | None = None  # [V] token-type index per id, for the policy's features
 
 
 @dataclass(frozen=True)
@@ -64,7 +46,6 @@ class _Expanded:
     probs: torch.Tensor  # [e, V] draft distribution at each expanded node
     counts: torch.Tensor  # [e] children to draft for each
     cand_idx: torch.Tensor  # [e] candidate index (-1 for the root), increasing
-    tree_idx: torch.Tensor  # [e] tree index
     fed_slot: torch.Tensor  # [e] draft-cache slot among this step's fed nodes (-1 for the root)
     path_lp: torch.Tensor  # [e]
     prob: torch.Tensor  # [e] the expanded node's own draft probability
@@ -105,21 +86,16 @@ class _Drafter:
         self.dtype = next(model.parameters()).dtype
         self.committed = seq.numel()  # after forward 0 every committed token is in the draft cache
         self.levels: list[dict[str, torch.Tensor]] = []
-        self.draft_probs: dict[int, torch.Tensor] = {}
-        self.fed_tree_idx: list[torch.Tensor] = []
+        self.cand_probs: dict[int, torch.Tensor] = {}  # candidate index (-1 = root) -> draft distribution
         self.fed_anc = torch.zeros(0, 0, dtype=torch.bool)  # [F, F] ancestry among fed slots
-        self.tree_parents: list[torch.Tensor] = [torch.full((1,), -1)]
-        self.tree_tokens: list[torch.Tensor] = [seq[-1:].cpu()]
-        self.n_tree, self.offset = 1, 0
+        self.n_kept = self.offset = 0
         self.forward_s = self.policy_s = 0.0
         self.forwards = 0
 
     def run(self) -> DraftResult:
-        if self.ctx.max_depth < 1:
-            return self._result()
-        exp: _Expanded | None = self._root()
+        exp = self._root() if self.ctx.max_depth >= 1 else None
         depth = 0
-        while exp is not None and int(exp.counts.sum()) > 0:
+        while exp is not None:
             depth += 1
             exp = self._level(exp, depth)
         return self._result()
@@ -143,28 +119,29 @@ class _Drafter:
         c = self.ctx
         return Frontier(
             depth=depth, step=c.step, position=c.position, prompt_len=c.prompt_len, domain=c.domain,
-            temperature=self.sampling.temperature, tree_size=self.n_tree - 1, max_depth=c.max_depth,
-            running_accept_rate=c.running_accept_rate, prev_accepted=c.prev_accepted,
+            temperature=self.sampling.temperature, tree_size=self.n_kept, max_depth=c.max_depth,
+            running_accept_rate=c.running_accept_rate, prev_accepted=c.prev_accepted, token_type_table=c.token_types,
             tokens=level["tokens"], parent=level["parent"], sibling_rank=level["sibling_rank"],
             draft_logprob=level["draft_logprob"], draft_entropy=level["draft_entropy"],
             draft_margin=level["draft_margin"], path_logprob=level["path_logprob"],
             parent_draft_prob=level["parent_draft_prob"],
         )
 
-    def _root(self) -> _Expanded:
-        """Forward 0 over the committed tokens the draft has not seen (the last one is the root)."""
-        cached = self.cache.get_seq_length()
-        chain = self.seq[cached:]
-        pos = torch.arange(cached, self.seq.numel(), device=self.device)[None]
-        probs = self._forward(input_ids=chain[None], position_ids=pos, logits_to_keep=1)  # [1, V]
+    def _root(self) -> _Expanded | None:
+        """Ask the policy first; only if it wants children, run forward 0 over the uncached committed tokens."""
         zero, one = torch.zeros(1), torch.ones(1)
         root = {"tokens": self.seq[-1:].cpu(), "parent": torch.full((1,), -1), "sibling_rank": zero.long(),
                 "draft_logprob": zero, "draft_entropy": zero, "draft_margin": one, "path_logprob": zero,
                 "parent_draft_prob": one}
         counts = self._plan(self._frontier(0, root)).children[:1].clamp(min=0)
-        self.draft_probs[0] = probs[0]
+        if int(counts.sum()) == 0:
+            return None  # plain step: the draft cache catches up on a later step
+        cached = self.cache.get_seq_length()
+        pos = torch.arange(cached, self.seq.numel(), device=self.device)[None]
+        probs = self._forward(input_ids=self.seq[cached:][None], position_ids=pos, logits_to_keep=1)  # [1, V]
+        self.cand_probs[-1] = probs[0]
         minus = torch.full((1,), -1)
-        return _Expanded(probs, counts, minus, torch.zeros(1, dtype=torch.long), minus, zero, one)
+        return _Expanded(probs, counts, minus, minus, zero, one)
 
     def _level(self, exp: _Expanded, depth: int) -> _Expanded | None:
         """Draft the children of ``exp``, let the policy prune them, and expand the chosen ones."""
@@ -172,14 +149,10 @@ class _Drafter:
         plan = self._plan(self._frontier(depth, level))
         keep = plan.keep.bool()
         m = keep.numel()
-        tree_idx = torch.full((m,), -1)
-        tree_idx[keep] = torch.arange(self.n_tree, self.n_tree + int(keep.sum()))
-        self.n_tree += int(keep.sum())
-        level["tree_index"] = tree_idx
-        level["depth"] = torch.full((m,), depth)
+        self.n_kept += int(keep.sum())
+        level["keep"], level["depth"] = keep, torch.full((m,), depth)
+        level["fed_slot"] = torch.full((m,), -1)
         self.levels.append(level)
-        self.tree_parents.append(exp.tree_idx[level["row"]][keep])
-        self.tree_tokens.append(level["tokens"][keep])
         counts = torch.where(keep, plan.children.clamp(min=0), 0)
         rows = torch.nonzero(counts > 0).flatten()
         start = self.offset
@@ -202,20 +175,43 @@ class _Drafter:
         pos = torch.full((1, e), self.seq.numel() - 1 + depth, device=self.device)
         probs = self._forward(input_ids=level["tokens"][rows].to(self.device)[None], position_ids=pos,
                               attention_mask=mask)  # [e, V]
-        tree_idx = level["tree_index"][rows]
-        self.fed_tree_idx.append(tree_idx)
-        self.draft_probs.update(zip(tree_idx.tolist(), probs, strict=True))
-        return _Expanded(probs, counts, rows + start, tree_idx, torch.arange(f_prev, f_prev + e),
+        slots = torch.arange(f_prev, f_prev + e)
+        level["fed_slot"][rows] = slots
+        self.cand_probs.update(zip((rows + start).tolist(), probs, strict=True))
+        return _Expanded(probs, counts, rows + start, slots,
                          level["path_logprob"][rows], level["draft_logprob"][rows].exp())
 
     def _result(self) -> DraftResult:
-        tree = DraftTree.from_parents(torch.cat(self.tree_parents), torch.cat(self.tree_tokens))
-        fed_slot = torch.full((self.n_tree,), -1)
-        if self.fed_tree_idx:
-            idx = torch.cat(self.fed_tree_idx)
-            fed_slot[idx] = torch.arange(idx.numel())
-        return DraftResult(tree, _candidates(self.levels), self.draft_probs, fed_slot, self.forward_s,
-                           self.policy_s, self.forwards)
+        """Apply the policy's final selection, keep the tree connected, and index it."""
+        cols = _stack(self.levels)
+        keep = cols.pop("keep")
+        fed = cols.pop("fed_slot")
+        provisional = torch.full((keep.numel(),), -1)
+        provisional[keep] = torch.arange(1, int(keep.sum()) + 1)
+        cands = Candidates(**cols, tree_index=provisional)
+        t0 = time.perf_counter()
+        final = self.policy.finalize(cands) if self.levels else None
+        self.policy_s += time.perf_counter() - t0
+        if final is not None:
+            keep = keep & final.bool()
+        for d in range(1, len(self.levels) + 1):  # parents come first: one pass per depth closes the tree
+            at = cands.depth == d
+            has_parent = cands.parent >= 0
+            ok = torch.ones_like(keep)
+            ok[has_parent] = keep[cands.parent[has_parent]]
+            keep = torch.where(at, keep & ok, keep)
+        tree_index = torch.full((cands.size,), -1)
+        tree_index[keep] = torch.arange(1, int(keep.sum()) + 1)
+        parent_tree = torch.zeros(cands.size, dtype=torch.long)
+        has_parent = cands.parent >= 0
+        parent_tree[has_parent] = tree_index[cands.parent[has_parent]]
+        tree = DraftTree.from_parents(torch.cat([torch.full((1,), -1), parent_tree[keep]]),
+                                      torch.cat([self.seq[-1:].cpu(), cands.tokens[keep]]))
+        probs = {0 if c < 0 else int(tree_index[c]): row for c, row in self.cand_probs.items()
+                 if c < 0 or bool(keep[c])}
+        fed_slot = torch.cat([torch.full((1,), -1), fed[keep]])
+        cands = replace(cands, tree_index=tree_index)
+        return DraftResult(tree, cands, probs, fed_slot, self.forward_s, self.policy_s, self.forwards)
 
 
 def draft_tree(model: PreTrainedModel, cache: DynamicCache, seq: torch.Tensor, policy: TreePolicy,
@@ -236,13 +232,13 @@ def _fit_vocab(logits: torch.Tensor, vocab: int) -> torch.Tensor:
     return torch.cat([logits, pad], dim=-1)
 
 
-_FIELDS = ("tokens", "parent", "depth", "sibling_rank", "draft_logprob", "draft_entropy", "draft_margin",
-           "path_logprob", "parent_draft_prob", "tree_index")
+_LONG = ("tokens", "parent", "depth", "sibling_rank", "fed_slot")
+_FLOAT = ("draft_logprob", "draft_entropy", "draft_margin", "path_logprob", "parent_draft_prob")
 
 
-def _candidates(levels: list[dict[str, torch.Tensor]]) -> Candidates:
+def _stack(levels: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """Concatenate the per-level columns (empty columns of the right dtype when nothing was drafted)."""
+    names = {"keep": torch.bool} | dict.fromkeys(_LONG, torch.long) | dict.fromkeys(_FLOAT, torch.float32)
     if not levels:
-        empty = {f: torch.zeros(0, dtype=torch.long if f in ("tokens", "parent", "depth", "sibling_rank",
-                                                              "tree_index") else torch.float32) for f in _FIELDS}
-        return Candidates(**empty)
-    return Candidates(**{f: torch.cat([lv[f] for lv in levels]) for f in _FIELDS})
+        return {n: torch.zeros(0, dtype=dt) for n, dt in names.items()}
+    return {n: torch.cat([lv[n] for lv in levels]) for n in names}

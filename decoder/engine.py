@@ -169,7 +169,7 @@ class TreeDecoder:
         room = self.context - req.seq.numel() - 1  # positions left after the bonus token
         max_depth = max(0, min(req.max_new_tokens - len(req.generated) - 1, room))
         return DraftContext(step, len(req.generated), req.prompt_len, domain, max_depth,
-                            req.running_accept_rate, req.prev_accepted)
+                            req.running_accept_rate, req.prev_accepted, self._token_types)
 
     def _target_forward(self, req: _Request, tree: DraftTree) -> tuple[torch.Tensor, float]:
         """One stock forward over the uncached committed tokens plus the tree; logits [n, V] at tree nodes."""

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .draft import Candidates
 from .nodelog import TOKEN_TYPES
+from .policy import Candidates
 from .verify import Acceptance
 
 

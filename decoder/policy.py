@@ -15,6 +15,9 @@ import numpy as np
 import torch
 
 from .errors import TreewiseError
+from .nodelog import TOKEN_TYPES
+
+_TYPE_NAMES = np.asarray(TOKEN_TYPES, dtype=object)
 
 
 @dataclass(frozen=True)
@@ -49,6 +52,7 @@ class Frontier:
     parent_draft_prob: torch.Tensor
     running_accept_rate: float = float("nan")
     prev_accepted: int = -1
+    token_type_table: np.ndarray | None = field(default=None, repr=False)  # [V] index into TOKEN_TYPES
 
     @property
     def size(self) -> int:
@@ -72,7 +76,29 @@ class Frontier:
             "running_accept_rate": np.full(m, self.running_accept_rate, dtype=np.float32),
             "prev_accepted": np.full(m, self.prev_accepted, dtype=np.int16),
             "temperature": np.full(m, self.temperature, dtype=np.float32),
+            "token_type": (_TYPE_NAMES[self.token_type_table[self.tokens.numpy()]] if self.token_type_table is not None
+                           else np.full(m, "special", dtype=object)),
         }
+
+
+@dataclass(frozen=True)
+class Candidates:
+    """Every candidate drafted in one step (all tensors [m], CPU), in level order."""
+
+    tokens: torch.Tensor
+    parent: torch.Tensor  # candidate index, -1 for the root
+    depth: torch.Tensor
+    sibling_rank: torch.Tensor
+    draft_logprob: torch.Tensor
+    draft_entropy: torch.Tensor
+    draft_margin: torch.Tensor
+    path_logprob: torch.Tensor
+    parent_draft_prob: torch.Tensor
+    tree_index: torch.Tensor  # index in the DraftTree, -1 when the policy pruned it
+
+    @property
+    def size(self) -> int:
+        return int(self.tokens.numel())
 
 
 @dataclass(frozen=True)
@@ -107,6 +133,13 @@ class TreePolicy(Protocol):
 
     def plan(self, frontier: Frontier) -> LevelPlan:
         """Which candidates of this level to keep, and how many children each drafts."""
+
+    def finalize(self, candidates: Candidates) -> torch.Tensor | None:
+        """After the last level: an optional [m] keep mask over all candidates (None keeps the tree as is).
+
+        Lets a policy rerank globally (EAGLE-2 keeps the best ``budget`` nodes by path probability). The
+        drafter also drops any node whose parent is dropped, so the tree stays connected.
+        """
 
     def observe(self, outcome: StepOutcome) -> None:
         """Called after each verified step."""
@@ -163,6 +196,9 @@ class StaticTree:
         d = frontier.depth
         children = self.levels[d] if d < min(self.depth, frontier.max_depth) else 0
         return LevelPlan.uniform(frontier.size, children)
+
+    def finalize(self, candidates: Candidates) -> torch.Tensor | None:
+        return None
 
     def observe(self, outcome: StepOutcome) -> None:
         return None
