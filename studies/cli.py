@@ -14,6 +14,7 @@ _COMMAND_MODULES = (
     "studies.pair_cli",  # demo, train-pair
     "studies.acceptance_cli",  # collect, study
     "studies.predictor_cli",  # train, evaluate
+    "studies.controller_cli",  # train-domains
 )
 
 
