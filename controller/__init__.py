@@ -1,0 +1,23 @@
+"""Adaptive tree policies on the decoder's TreePolicy protocol: learned pruning and widening under
+per-domain budgets, plus the dynamic baselines (EAGLE-2's confidence tree, HF's dynamic chain)."""
+
+from .budgets import BudgetError, BudgetsFile, DomainBudget, Provenance, load_budgets, save_budgets
+from .domains import (
+    DomainClassifier,
+    DomainClassifierConfig,
+    DomainClassifierError,
+    DomainReport,
+    DomainTraining,
+    train_domain_classifier,
+)
+from .latency import LatencyProfile, load_or_measure, measure_latency
+from .learned import AcceptanceModel, LearnedTree
+from .policies import ConfidenceTree, DynamicChain, refit_threshold
+
+__all__ = [
+    "AcceptanceModel", "BudgetError", "BudgetsFile", "ConfidenceTree", "DomainBudget", "DomainClassifier",
+    "DomainClassifierConfig", "DomainClassifierError", "DomainReport", "DomainTraining", "DynamicChain",
+    "LatencyProfile", "LearnedTree", "Provenance",
+    "load_budgets", "load_or_measure", "measure_latency", "refit_threshold", "save_budgets",
+    "train_domain_classifier",
+]

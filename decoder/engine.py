@@ -118,7 +118,8 @@ class TreeDecoder:
 
     def _loop(self, req: _Request, run: _Run) -> GenerationStats:
         """The decode loop: draft -> verify -> accept -> cache update until a stop condition."""
-        run.policy.start(RequestInfo(run.domain, req.prompt_len, req.max_new_tokens, run.sampling.temperature))
+        text = self.tokenizer.decode(req.seq.tolist(), skip_special_tokens=True)
+        run.policy.start(RequestInfo(run.domain, req.prompt_len, req.max_new_tokens, run.sampling.temperature, text))
         stats = GenerationStats()
         start = time.perf_counter()
         while req.finish is None:

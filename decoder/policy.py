@@ -28,6 +28,7 @@ class RequestInfo:
     prompt_len: int
     max_new_tokens: int
     temperature: float
+    prompt: str = ""  # the prompt text (decoded when token ids were given), e.g. for domain="auto"
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,114 @@
+"""Latency profile of a pair on this device: forward time by tree size, measured once and cached.
+
+LearnedTree reads it to stop growing a tree when one more node costs more than it is expected to
+return (hardware-aware sizing in the spirit of Sequoia).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import statistics
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+import torch
+from pydantic import BaseModel
+from transformers import DynamicCache, PreTrainedModel
+
+from decoder import TreeDecoder, tree_attention_mask
+
+SIZES = (1, 2, 4, 8, 16, 32, 64)
+
+
+class LatencyProfile(BaseModel):
+    """Median forward milliseconds for ``sizes`` new tokens on top of ``context`` cached ones."""
+
+    sizes: list[int]
+    target_ms: list[float]
+    draft_ms: list[float]
+    context: int
+    device: str
+    threads: int
+    key: str = ""
+    created: str = ""
+
+    def target_time(self, n: int | float) -> float:
+        return _interp(n, self.sizes, self.target_ms)
+
+    def draft_time(self, n: int | float) -> float:
+        return _interp(n, self.sizes, self.draft_ms)
+
+    @classmethod
+    def flat(cls, target_ms: float = 1.0, draft_ms: float = 0.3, per_node_ms: float = 0.0) -> LatencyProfile:
+        """A synthetic profile (tests, or a device that was never measured): constant call cost."""
+        sizes = list(SIZES)
+        return cls(sizes=sizes, target_ms=[target_ms + per_node_ms * (s - 1) for s in sizes],
+                   draft_ms=[draft_ms + per_node_ms * (s - 1) / 4 for s in sizes], context=0, device="synthetic",
+                   threads=0)
+
+
+def _interp(n: float, xs: list[int], ys: list[float]) -> float:
+    if n <= xs[-1]:
+        return float(np.interp(n, xs, ys))
+    slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])  # extrapolate along the last segment
+    return ys[-1] + slope * (n - xs[-1])
+
+
+@torch.inference_mode()
+def _time_forward(model: PreTrainedModel, context: int, n: int, repeats: int) -> float:
+    device = next(model.parameters()).device
+    dtype = next(model.parameters()).dtype
+    vocab = model.get_output_embeddings().weight.shape[0]
+    gen = torch.Generator().manual_seed(0)
+    ctx_ids = torch.randint(0, vocab, (1, context), generator=gen).to(device)
+    cache = DynamicCache()
+    model(input_ids=ctx_ids, cache=cache, use_cache=True)
+    ids = torch.randint(0, vocab, (1, n), generator=gen).to(device)
+    mask = tree_attention_mask(torch.ones(n, n, dtype=torch.bool, device=device).tril(), context, dtype)
+    pos = torch.arange(context, context + n, device=device)[None]
+    times = []
+    for _ in range(repeats + 2):
+        t0 = time.perf_counter()
+        model(input_ids=ids, position_ids=pos, attention_mask=mask, cache=cache, use_cache=True)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        times.append(time.perf_counter() - t0)
+        cache.crop(-n)
+    return 1e3 * statistics.median(times[2:])
+
+
+def measure_latency(target: PreTrainedModel, draft: PreTrainedModel, context: int = 128,
+                    sizes: tuple[int, ...] = SIZES, repeats: int = 15) -> LatencyProfile:
+    device = next(target.parameters()).device
+    return LatencyProfile(
+        sizes=list(sizes), target_ms=[_time_forward(target, context, n, repeats) for n in sizes],
+        draft_ms=[_time_forward(draft, context, n, repeats) for n in sizes], context=context, device=str(device),
+        threads=torch.get_num_threads(), key=pair_key(target, draft),
+        created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    )
+
+
+def pair_key(target: PreTrainedModel, draft: PreTrainedModel) -> str:
+    """Identifies a pair on a device: both configs, dtypes, the device and the thread count."""
+    parts = [target.config.to_json_string(use_diff=False), draft.config.to_json_string(use_diff=False),
+             str(next(target.parameters()).dtype), str(next(target.parameters()).device), str(torch.get_num_threads())]
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
+
+
+def load_or_measure(dec: TreeDecoder, cache_dir: str | Path) -> LatencyProfile:
+    """The cached profile of this pair on this device, measured (about a second) on first use."""
+    cache_dir = Path(cache_dir)
+    key = pair_key(dec.target, dec.draft)
+    path = cache_dir / f"latency-{key}.json"
+    if path.exists():
+        return LatencyProfile.model_validate_json(path.read_text())
+    profile = measure_latency(dec.target, dec.draft)
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(profile.model_dump(), indent=1))
+    os.replace(tmp, path)
+    return profile

@@ -1,0 +1,162 @@
+"""LearnedTree: best-first tree growth valued by a learned acceptance predictor, within a domain budget.
+
+A candidate's value is the predicted probability that its whole path is accepted: the product of the
+predicted conditional acceptances along it. Each level keeps candidates best value first while the value
+clears the budget's threshold and, given the latency profile, pays for its verify cost; kept nodes draft
+``max_width`` children and the next level keeps however many of them earn their place, so a node whose
+children's predictions are spread keeps more of them (widening) and a peaked one keeps one. A level is
+drafted only when its expected gain covers one more draft forward; at the root, when the predicted
+value of the best root child (a running mean over recent steps) is too low to pay for drafting, the step is
+a plain target step (with a probe every ``probe_every`` steps).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+import torch
+
+from decoder import Candidates, Frontier, LevelPlan, RequestInfo, StepOutcome
+from decoder.paths import data_dir
+
+from .budgets import BudgetsFile, DomainBudget, load_budgets
+from .latency import LatencyProfile
+
+PRIOR_ACCEPTANCE = 0.5  # assumed before a request has verified anything
+
+
+@runtime_checkable
+class AcceptanceModel(Protocol):
+    """What LearnedTree needs of a predictor: one frontier's features in, acceptance probabilities out."""
+
+    @property
+    def feature_names(self) -> list[str]: ...
+
+    def predict_batch(self, features: Mapping[str, np.ndarray]) -> np.ndarray: ...
+
+
+class DomainResolver(Protocol):
+    def resolve(self, domain: str, text: str) -> str: ...
+
+
+@dataclass
+class LearnedTree:
+    predictor: AcceptanceModel
+    budgets: BudgetsFile = field(default_factory=lambda: BudgetsFile(default=DomainBudget()))
+    latency: LatencyProfile | None = None  # None: no cost rule, only thresholds and budgets
+    classifier: DomainResolver | None = None  # resolves domain="auto"
+    probe_every: int = 8  # a request that stopped drafting still drafts every N steps to notice a change
+    domain: str = field(default="unknown", init=False)
+    budget: DomainBudget = field(default_factory=DomainBudget, init=False)
+    _values: list[np.ndarray] = field(default_factory=list, init=False, repr=False)
+    _gain: float = field(default=1.0, init=False, repr=False)  # expected tokens of this step's tree
+    _draft_ms: float = field(default=0.0, init=False, repr=False)
+    _nodes: int = field(default=0, init=False, repr=False)
+    _root_value: float | None = field(default=None, init=False, repr=False)  # running mean of the best child value
+
+    @classmethod
+    def default(cls, latency: LatencyProfile | None = None) -> LearnedTree:
+        """The shipped predictor, budgets, domain classifier and latency profile under data/."""
+        from predictor import AcceptancePredictor
+
+        from .domains import DomainClassifier
+
+        data = data_dir()
+        profile = latency
+        if profile is None and (data / "latency.json").exists():
+            profile = LatencyProfile.model_validate_json((data / "latency.json").read_text())
+        classifier = DomainClassifier.default() if (data / "domain_classifier.npz").exists() else None
+        return cls(AcceptancePredictor.load(Path(data / "predictor")), load_budgets(), profile, classifier)
+
+    # -- protocol ----------------------------------------------------------------------------------
+
+    def start(self, request: RequestInfo) -> None:
+        domain = request.domain
+        if domain == "auto" and self.classifier is not None:
+            domain = self.classifier.resolve(domain, request.prompt)
+        self.domain, self.budget = domain, self.budgets.for_domain(domain)
+        self._root_value = None
+
+    def plan(self, frontier: Frontier) -> LevelPlan:
+        if frontier.depth == 0:
+            return self._plan_root(frontier)
+        value = self._values_of(frontier)
+        keep = self._keep(value)
+        self._values.append(np.where(keep, value, 0.0))
+        children = self._expand(frontier, value, keep)
+        return LevelPlan(keep=torch.from_numpy(keep), children=torch.from_numpy(children))
+
+    def finalize(self, candidates: Candidates) -> torch.Tensor | None:
+        return None
+
+    def observe(self, outcome: StepOutcome) -> None:
+        return None
+
+    # -- rules -------------------------------------------------------------------------------------
+
+    def _cost(self, ms: float) -> float:
+        """Milliseconds expressed in expected tokens at this step's current rate (gain / time)."""
+        if self.latency is None:
+            return 0.0
+        step_ms = self._draft_ms + self.latency.target_time(self._nodes + 1)
+        return self.budget.cost_scale * ms * self._gain / step_ms
+
+    def _plan_root(self, frontier: Frontier) -> LevelPlan:
+        self._values, self._gain, self._nodes = [], 1.0, 0
+        self._draft_ms = self.latency.draft_time(1) if self.latency is not None else 0.0
+        # The predictor's own recent view of the best root child; before any, the request's running acceptance.
+        rate = frontier.running_accept_rate
+        est = self._root_value if self._root_value is not None else PRIOR_ACCEPTANCE if rate != rate else rate
+        probe = frontier.step % self.probe_every == 0
+        verify_ms = self.latency.target_time(2) - self.latency.target_time(1) if self.latency else 0.0
+        worth = est >= self._cost(self._draft_ms + verify_ms)
+        return LevelPlan.uniform(1, self.budget.max_width if (worth or probe) else 0)
+
+    def _values_of(self, frontier: Frontier) -> np.ndarray:
+        feats = frontier.features()
+        feats["domain"] = np.full(frontier.size, self.domain, dtype=object)
+        p = self.predictor.predict_batch({n: feats[n] for n in self.predictor.feature_names})
+        parents = frontier.parent.numpy()
+        if frontier.depth == 1:
+            best = float(np.max(p)) if len(p) else 0.0
+            self._root_value = best if self._root_value is None else 0.5 * (self._root_value + best)
+            return np.asarray(p, dtype=np.float64)
+        prev = np.concatenate(self._values)
+        return prev[parents] * p
+
+    def _keep(self, value: np.ndarray) -> np.ndarray:
+        """Best value first while it clears the threshold, fits the node budget and pays for its verify cost."""
+        keep = np.zeros(value.shape[0], dtype=bool)
+        lat = self.latency
+        for i in np.argsort(-value, kind="stable"):
+            v = float(value[i])
+            if self._nodes >= self.budget.node_budget or v < self.budget.threshold:
+                break
+            if lat is not None and v < self._cost(lat.target_time(self._nodes + 2) - lat.target_time(self._nodes + 1)):
+                break
+            keep[i] = True
+            self._gain += v
+            self._nodes += 1
+        return keep
+
+    def _expand(self, frontier: Frontier, value: np.ndarray, keep: np.ndarray) -> np.ndarray:
+        """Draft children under kept nodes whose best child may clear the threshold, if the level pays off."""
+        children = np.zeros(value.shape[0], dtype=np.int64)
+        if frontier.depth >= self.budget.max_depth or not keep.any() or self._nodes >= self.budget.node_budget:
+            return children
+        rate = frontier.running_accept_rate
+        est = PRIOR_ACCEPTANCE if rate != rate else max(rate, 1e-3)
+        want = keep & (value * est >= self.budget.threshold)
+        n = int(want.sum())
+        if n == 0:
+            return children
+        level_ms = self.latency.draft_time(n) if self.latency is not None else 0.0
+        if float((value[want] * est).sum()) < self._cost(level_ms):
+            return children
+        self._draft_ms += level_ms
+        children[want] = self.budget.max_width
+        return children
