@@ -1,6 +1,7 @@
 """Adaptive tree policies on the decoder's TreePolicy protocol: learned pruning and widening under
 per-domain budgets, plus the dynamic baselines (EAGLE-2's confidence tree, HF's dynamic chain)."""
 
+from .budgeted import BudgetedTree, policy_from_budget, static_from_budget
 from .budgets import BudgetError, BudgetsFile, DomainBudget, Provenance, load_budgets, save_budgets
 from .domains import (
     DomainClassifier,
@@ -15,9 +16,9 @@ from .learned import AcceptanceModel, LearnedTree
 from .policies import ConfidenceTree, DynamicChain, refit_threshold
 
 __all__ = [
-    "AcceptanceModel", "BudgetError", "BudgetsFile", "ConfidenceTree", "DomainBudget", "DomainClassifier",
-    "DomainClassifierConfig", "DomainClassifierError", "DomainReport", "DomainTraining", "DynamicChain",
-    "LatencyProfile", "LearnedTree", "Provenance",
-    "load_budgets", "load_or_measure", "measure_latency", "refit_threshold", "save_budgets",
+    "AcceptanceModel", "BudgetError", "BudgetedTree", "BudgetsFile", "ConfidenceTree", "DomainBudget",
+    "DomainClassifier", "DomainClassifierConfig", "DomainClassifierError", "DomainReport", "DomainTraining",
+    "DynamicChain", "LatencyProfile", "LearnedTree", "Provenance", "load_budgets", "load_or_measure",
+    "measure_latency", "policy_from_budget", "refit_threshold", "save_budgets", "static_from_budget",
     "train_domain_classifier",
 ]

@@ -7,7 +7,15 @@ import pytest
 import torch
 from conftest import make_model
 
-from controller import BudgetsFile, ConfidenceTree, DomainBudget, DynamicChain, LatencyProfile, LearnedTree
+from controller import (
+    BudgetedTree,
+    BudgetsFile,
+    ConfidenceTree,
+    DomainBudget,
+    DynamicChain,
+    LatencyProfile,
+    LearnedTree,
+)
 from controller.learned import AcceptanceModel
 from controller.policies import refit_threshold
 from decoder import Chain, StaticTree, TreeDecoder, TreePolicy
@@ -49,9 +57,15 @@ POLICIES = {
     "learned": lambda: _learned(node_budget=7, max_depth=4, max_width=3, threshold=0.01, cost_scale=0.0),
     "learned_latency": lambda: LearnedTree(DraftProbPredictor(), BudgetsFile(default=DomainBudget(node_budget=10)),
                                            LatencyProfile.flat(1.0, 0.3, 0.05)),
+    "budgeted": lambda: BudgetedTree(BudgetsFile(
+        default=DomainBudget(policy="confidence", node_budget=6, max_depth=4, max_width=3),
+        domains={"code": DomainBudget(policy="static", node_budget=6, max_width=2, max_depth=3)}),
+        DraftProbPredictor()),
 }
-BUDGET = {"static": 14, "chain": 3, "confidence": 6, "dynamic_chain": 5, "learned": 7, "learned_latency": 10}
-DEPTH = {"static": 3, "chain": 3, "confidence": 4, "dynamic_chain": 5, "learned": 4, "learned_latency": 6}
+BUDGET = {"static": 14, "chain": 3, "confidence": 6, "dynamic_chain": 5, "learned": 7, "learned_latency": 10,
+          "budgeted": 6}
+DEPTH = {"static": 3, "chain": 3, "confidence": 4, "dynamic_chain": 5, "learned": 4, "learned_latency": 6,
+         "budgeted": 4}
 
 
 @pytest.fixture(scope="module")
@@ -149,3 +163,15 @@ def test_real_predictor_satisfies_the_protocol(tmp_path) -> None:
     policy._plan_root(f)
     plan = policy.plan(f)
     assert plan.keep.dtype == torch.bool and plan.keep.shape == (2,)
+
+
+def test_budgeted_tree_picks_family_per_domain(dec) -> None:
+    budgets = BudgetsFile(default=DomainBudget(policy="learned"),
+                          domains={"code": DomainBudget(policy="static", node_budget=6, max_width=2, max_depth=3),
+                                   "math": DomainBudget(policy="confidence", node_budget=5)})
+    policy = BudgetedTree(budgets, DraftProbPredictor())
+    for domain, kind in (("code", StaticTree), ("math", ConfidenceTree), ("other", LearnedTree)):
+        dec.generate("x = 1", max_new_tokens=4, tree=policy, domain=domain)
+        assert isinstance(policy._active, kind)
+    with pytest.raises(ValueError, match="predictor"):
+        BudgetedTree(budgets).start(type("R", (), {"domain": "other", "prompt": ""})())
