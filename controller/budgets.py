@@ -161,6 +161,7 @@ def save_budgets(budgets: BudgetsFile, path: str | Path) -> Path:
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(text)
+        os.chmod(tmp, 0o644)  # mkstemp makes it owner-only; this is a shared data file
         os.replace(tmp, file)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

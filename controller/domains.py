@@ -185,6 +185,7 @@ class DomainClassifier:
         try:
             with os.fdopen(fd, "wb") as handle:
                 handle.write(buffer.getvalue())
+            os.chmod(tmp, 0o644)  # mkstemp makes it owner-only; this is a shared data file
             os.replace(tmp, file)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)

@@ -32,6 +32,7 @@ def test_round_trip(tmp_path) -> None:
     path = save_budgets(budgets, tmp_path / "sub" / "budgets.json")
     assert load_budgets(path) == budgets
     assert not [p for p in path.parent.iterdir() if p.name != "budgets.json"]  # no temp file left behind
+    assert path.stat().st_mode & 0o777 == 0o644
 
 
 def test_missing_default_file_gives_builtin_defaults(tmp_path, monkeypatch) -> None:

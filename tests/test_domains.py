@@ -10,12 +10,14 @@ from typer.testing import CliRunner
 
 from controller.domains import (
     BUILD_COMMAND,
+    CLASSIFIER_FILE,
     DomainClassifier,
     DomainClassifierConfig,
     DomainClassifierError,
     _features,
     train_domain_classifier,
 )
+from decoder.paths import data_dir
 from studies.cli import _register, app
 from studies.controller_cli import train_on_suite
 from studies.suites import Prompt, load_suite
@@ -83,6 +85,7 @@ def test_save_load_identical(tmp_path) -> None:
     assert loaded.labels == classifier.labels and loaded.config == classifier.config
     np.testing.assert_array_equal(loaded.predict_proba(texts), classifier.predict_proba(texts))
     assert [p.name for p in path.parent.iterdir()] == ["clf.npz"]  # atomic write leaves no temp file
+    assert path.stat().st_mode & 0o777 == 0o644
 
 
 def test_predict_proba_rows_sum_to_one(tmp_path) -> None:
@@ -163,3 +166,12 @@ def test_cli_reports_missing_suite(tmp_path) -> None:
                                    "--out", str(tmp_path / "clf.npz")])
     assert res.exit_code == 2
     assert "does not exist" in " ".join(res.output.split()) and not (tmp_path / "clf.npz").exists()
+
+
+def test_shipped_classifier_loads() -> None:
+    """The committed data/domain_classifier.npz matches this code's format and the suite's domains."""
+    if not (data_dir() / CLASSIFIER_FILE).exists():
+        pytest.skip(f"no {data_dir() / CLASSIFIER_FILE} (build it with {BUILD_COMMAND})")
+    classifier = DomainClassifier.default()
+    assert len(classifier.labels) >= 2
+    assert classifier.predict_proba(["def add(a, b):\n    return a + b\n"]).shape == (1, len(classifier.labels))
