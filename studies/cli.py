@@ -15,6 +15,7 @@ _COMMAND_MODULES = (
     "studies.acceptance_cli",  # collect, study
     "studies.predictor_cli",  # train, evaluate
     "studies.controller_cli",  # train-domains
+    "studies.tune_cli",  # tune, report
 )
 
 
