@@ -1,0 +1,112 @@
+"""`treewise train-pair` and `treewise demo`: the embedded model pair's commands."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.table import Table
+
+from studies.pair_eval import EvalConfig, evaluate_pair, save_eval
+from studies.pair_meta import card_meta, demo_text
+from studies.train_pair import PairConfig, TrainProgress, train_pair
+
+_DEF = PairConfig()
+console = Console()
+
+
+def train_pair_cmd(
+    minutes: float = typer.Option(_DEF.minutes, help="Training budget for target + draft, in minutes."),
+    threads: int = typer.Option(_DEF.threads, help="torch threads (2 on the shared 2-core CPU)."),
+    out: Path = typer.Option(_DEF.out, help="Where the HF folders target/ and draft/ are written."),
+    work: Path = typer.Option(_DEF.work, help="Corpus, tokenizer, token arrays and checkpoints (resumable)."),
+    seed: int = typer.Option(_DEF.seed, help="Seed of corpus sampling and training."),
+    chars_per_domain: int = typer.Option(_DEF.corpus.chars_per_domain, help="Corpus cap per domain."),
+) -> None:
+    """Rebuild corpus, tokenizer, target and distilled draft from scratch (resumes from --work)."""
+    cfg = _DEF.model_copy(
+        update={
+            "minutes": minutes,
+            "threads": threads,
+            "out": out,
+            "work": work,
+            "seed": seed,
+            "corpus": _DEF.corpus.model_copy(update={"chars_per_domain": chars_per_domain, "seed": seed}),
+        }
+    )
+    console.print(f"[bold]train-pair[/] {minutes} min on {threads} threads, work {work}, out {out}")
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.fields[info]}"),
+        TimeRemainingColumn(),
+        console=console,
+    ) as bar:
+        tasks: dict[str, int] = {}
+
+        def update(p: TrainProgress) -> None:
+            if p.stage not in tasks:
+                tasks[p.stage] = bar.add_task(p.stage, total=p.budget_s, info="")
+            if p.step % 5 == 0:
+                info = (
+                    f"step {p.step} tokens {p.tokens / 1e6:.2f}M loss {p.loss:.3f} "
+                    f"{p.tokens / max(p.elapsed_s, 1e-9):,.0f} tok/s"
+                )
+                bar.update(tasks[p.stage], completed=p.elapsed_s, info=info)
+                if not console.is_terminal and p.step % 100 == 0:  # a readable log under nohup
+                    console.print(f"{p.stage} {p.elapsed_s / 60:.1f}/{p.budget_s / 60:.1f} min {info}")
+
+        results = train_pair(cfg, update)
+    table = Table("model", "params", "steps", "tokens", "minutes", "tokens/s", "final loss")
+    for r in results:
+        table.add_row(
+            r.stage,
+            f"{r.params / 1e6:.2f}M",
+            str(r.steps),
+            f"{r.tokens / 1e6:.2f}M",
+            f"{r.seconds / 60:.1f}",
+            f"{r.tokens / max(r.seconds, 1e-9):,.0f}",
+            f"{r.final_loss:.3f}",
+        )
+    console.print(table)
+
+
+def pair_report_cmd(
+    models: Path = typer.Option(EvalConfig().models, help="Folder holding target/ and draft/."),
+    work: Path = typer.Option(EvalConfig().work, help="The train-pair work folder (held-out tokens, results)."),
+    threads: int = typer.Option(EvalConfig().threads, help="torch threads."),
+    command: str = typer.Option("treewise train-pair --minutes 62 --threads 2", help="Recipe shown in the card."),
+) -> None:
+    """Measure the trained pair and write the model card models/README.md from the measurements."""
+    from studies.pair_card import render_card
+    from studies.pair_demo import DemoConfig, run_demo
+
+    cfg = EvalConfig(models=models, work=work, threads=threads)
+    result = evaluate_pair(cfg)
+    save_eval(result, work / "eval.json")
+    rows = run_demo(DemoConfig(threads=threads), data=models.parent)
+    meta = card_meta(work, command, demo_text(rows))
+    (work / "card_meta.json").write_text(json.dumps(meta, indent=2))
+    (models / "README.md").write_text(
+        render_card(work / "eval.json", work / "train_results.json", work / "card_meta.json")
+    )
+    table = Table("domain", "target ppl", "draft ppl", "agreement", "repeated 4-grams")
+    for d in result.domains:
+        table.add_row(
+            d.domain, f"{d.target_ppl:.2f}", f"{d.draft_ppl:.2f}", f"{d.agreement:.1%}", f"{d.repeated_4gram:.1%}"
+        )
+    console.print(table)
+    console.print(f"latency ms: {result.latency_ms}; card written to {models / 'README.md'}")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("train-pair")(train_pair_cmd)
+    app.command("pair-report")(pair_report_cmd)
+    try:
+        from studies.pair_demo import demo_cmd
+    except ImportError:
+        return
+    app.command("demo")(demo_cmd)
