@@ -9,12 +9,14 @@ from typing import Annotated
 import typer
 from rich.console import Console
 from rich.progress import Progress
+from rich.table import Table
 
+from controller import measure_latency
 from decoder import DEFAULTS, TreeDecoder, TreewiseError
 
 from .bench import BenchConfig, load_bench_decoder, run_bench, select_prompts
 from .bench_report import print_bench, step_table
-from .paths import default_pair
+from .paths import data_dir, default_pair
 from .treespec import build_tree
 
 _B = BenchConfig()
@@ -95,6 +97,33 @@ def decode(
     console.print(f"finish: {out.finish_reason}")
 
 
+def latency(
+    out: Annotated[Path, typer.Option(help="where to write the profile")] = data_dir() / "latency.json",
+    target: Annotated[str | None, typer.Option(help="target id or folder (default: embedded pair)")] = None,
+    draft: Annotated[str | None, typer.Option(help="draft id or folder")] = None,
+    context: Annotated[int, typer.Option(help="cached tokens under each timed forward")] = 128,
+) -> None:
+    """Measure the pair's forward latency by tree size (LearnedTree's cost model) and write it as JSON."""
+    console = Console()
+    t_default, d_default = default_pair()
+    try:
+        dec = TreeDecoder.from_pretrained(target or t_default, draft or d_default)
+    except TreewiseError as err:
+        console.print(f"[red]error:[/red] {err}")
+        raise typer.Exit(2) from None
+    profile = measure_latency(dec.target, dec.draft, context=context)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(profile.model_dump(), indent=1))
+    table = Table(title=f"forward latency, ms (context {context}, {profile.threads} threads, {profile.device})")
+    for col in ("tokens", "target", "draft", "draft / target"):
+        table.add_column(col, justify="right")
+    for n, t, d in zip(profile.sizes, profile.target_ms, profile.draft_ms, strict=True):
+        table.add_row(str(n), f"{t:.2f}", f"{d:.2f}", f"{d / t:.2f}")
+    console.print(table)
+    console.print(f"wrote {out}")
+
+
 def register(app: typer.Typer) -> None:
     app.command()(bench)
     app.command()(decode)
+    app.command()(latency)

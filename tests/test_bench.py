@@ -52,3 +52,16 @@ def test_decode_cli_streams(tiny_pair_dir) -> None:
                                    str(tiny_pair_dir / "target"), "--draft", str(tiny_pair_dir / "draft")])
     assert res.exit_code == 0, res.output
     assert "steps, tau" in res.output and "finish:" in res.output
+
+
+def test_latency_cli_writes_a_profile(tiny_pair_dir, tmp_path) -> None:
+    from controller import LatencyProfile
+
+    _register()
+    out = tmp_path / "latency.json"
+    res = CliRunner().invoke(app, ["latency", "--out", str(out), "--context", "16", "--target",
+                                   str(tiny_pair_dir / "target"), "--draft", str(tiny_pair_dir / "draft")])
+    assert res.exit_code == 0, res.output
+    profile = LatencyProfile.model_validate_json(out.read_text())
+    assert profile.sizes[0] == 1 and all(t > 0 for t in profile.target_ms + profile.draft_ms)
+    assert profile.target_time(100) > profile.target_time(1) > 0
