@@ -21,7 +21,7 @@ from decoder import GenerationResult, GenerationStats, TreeDecoder, TreewiseErro
 
 from .paths import data_dir, default_pair
 from .suites import Prompt, load_suite
-from .treespec import build_tree
+from .treespec import TreeSpecError, build_tree
 
 PLAIN, HF = "plain", "hf_assisted"
 
@@ -42,7 +42,10 @@ class BenchConfig(BaseModel):
     # Tree rows: row name -> candidate specs; a row with several candidates reports its fastest one.
     trees: dict[str, list[str]] = Field(default_factory=lambda: {
         "chain": ["chain:length=4"],
-        "static": ["static:width=2,depth=3", "static:width=3,depth=2"],
+        "static": ["static:width=2,depth=3", "static:width=3,depth=2", "static:branching=4-2-1-1"],
+        "confidence": ["confidence:budget=16,max_depth=5,top_k=4"],
+        "dynamic_chain": ["dynamic_chain"],
+        "learned": ["learned"],
     })
     hf_assisted: bool = True
     # HF assisted generation settings, set on the draft's generation_config (5.x leaves them unset).
@@ -74,6 +77,7 @@ class RowResult(Metrics):
 class BenchResult(BaseModel):
     config: BenchConfig
     policies: dict[str, RowResult]
+    skipped: dict[str, str] = Field(default_factory=dict)  # row -> why it could not run (e.g. no predictor)
     environment: dict[str, str]
     wall_s: float
 
@@ -136,20 +140,38 @@ def hf_assisted_runner(dec: TreeDecoder, cfg: BenchConfig) -> Runner:
     return run
 
 
-def build_runners(dec: TreeDecoder, cfg: BenchConfig) -> tuple[dict[str, Runner], dict[str, str]]:
-    """Row name (or ``row@spec`` for multi-candidate rows) -> runner; and that key -> spec."""
+@dataclass
+class _Rows:
+    runners: dict[str, Runner]
+    specs: dict[str, str]  # runner key -> tree spec
+    skipped: dict[str, str]  # row -> reason
+
+
+def build_runners(dec: TreeDecoder, cfg: BenchConfig) -> _Rows:
+    """Row name (or ``row@spec`` for multi-candidate rows) -> runner.
+
+    A row whose policy needs shipped data that is missing (the learned predictor) is skipped with its reason;
+    a malformed spec is an error.
+    """
     runners: dict[str, Runner] = {PLAIN: lambda p: dec.generate_plain(p.prompt, cfg.max_new_tokens)}
     specs: dict[str, str] = {}
+    skipped: dict[str, str] = {}
     if cfg.hf_assisted:
         runners[HF] = hf_assisted_runner(dec, cfg)
     for row, candidates in cfg.trees.items():
         for spec in candidates:
-            policy = build_tree(spec)  # fails early on a bad spec
+            try:
+                policy = build_tree(spec)
+            except TreeSpecError:
+                raise
+            except TreewiseError as err:
+                skipped[row] = str(err)
+                continue
             key = row if len(candidates) == 1 else f"{row}@{spec}"
             runners[key] = (lambda pol: lambda p: dec.generate(p.prompt, cfg.max_new_tokens, tree=pol,
                                                                domain=p.domain, prompt_id=p.id))(policy)
             specs[key] = spec
-    return runners, specs
+    return _Rows(runners, specs, skipped)
 
 
 def measure(runners: dict[str, Runner], prompts: list[Prompt], repeats: int,
@@ -200,7 +222,7 @@ def _overhead(stats: list) -> float:
 
 
 def summarize(runs: _Runs, specs: dict[str, str], prompts: list[Prompt], cfg: BenchConfig,
-              wall_s: float) -> BenchResult:
+              wall_s: float, skipped: dict[str, str] | None = None) -> BenchResult:
     domains = sorted({p.domain for p in prompts})
     rows: dict[str, RowResult] = {}
     for key in runs.by_row:
@@ -212,14 +234,14 @@ def summarize(runs: _Runs, specs: dict[str, str], prompts: list[Prompt], cfg: Be
             rows[name] = cand  # a multi-candidate row keeps its fastest candidate
     env = {"torch": torch.__version__, "transformers": transformers.__version__, "python": platform.python_version(),
            "threads": str(torch.get_num_threads()), "machine": platform.machine(), "processor": platform.processor()}
-    return BenchResult(config=cfg, policies=rows, environment=env, wall_s=wall_s)
+    return BenchResult(config=cfg, policies=rows, environment=env, wall_s=wall_s, skipped=skipped or {})
 
 
 def run_bench(cfg: BenchConfig, dec: TreeDecoder | None = None,
               on_progress: Callable[[], None] | None = None) -> BenchResult:
     prompts = select_prompts(cfg)
     dec = dec or load_bench_decoder(cfg)
-    runners, specs = build_runners(dec, cfg)
+    rows = build_runners(dec, cfg)
     t0 = time.perf_counter()
-    runs = measure(runners, prompts, cfg.repeats, on_progress)
-    return summarize(runs, specs, prompts, cfg, time.perf_counter() - t0)
+    runs = measure(rows.runners, prompts, cfg.repeats, on_progress)
+    return summarize(runs, rows.specs, prompts, cfg, time.perf_counter() - t0, rows.skipped)

@@ -56,6 +56,8 @@ def print_bench(result: BenchResult, console: Console | None = None) -> None:
     console = console or Console()
     for t in bench_tables(result):
         console.print(t)
+    for row, why in result.skipped.items():
+        console.print(f"[yellow]skipped {row}:[/yellow] {why}")
     hf = result.config
     console.print(f"[dim]hf_assisted: generate(assistant_model=draft), "
                   f"num_assistant_tokens={hf.hf_num_assistant_tokens}, "

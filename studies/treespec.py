@@ -152,3 +152,59 @@ register_tree_kind(TreeKind(
     "chain", lambda length: Chain(length=length), {"length": Param(int, required=True, help="draft tokens")},
     help="a single draft path",
 ))
+
+
+def _confidence(budget: int | None, max_depth: int | None, top_k: int | None) -> TreePolicy:
+    from controller import ConfidenceTree
+
+    given = {k: v for k, v in {"budget": budget, "max_depth": max_depth, "top_k": top_k}.items() if v is not None}
+    return ConfidenceTree(**given)
+
+
+def _dynamic_chain(max_length: int | None, threshold: float | None) -> TreePolicy:
+    from controller import DynamicChain
+
+    given = {k: v for k, v in {"max_length": max_length, "threshold": threshold}.items() if v is not None}
+    return DynamicChain(**given)
+
+
+def _learned(node_budget: int | None, max_depth: int | None, max_width: int | None, threshold: float | None,
+             cost_scale: float | None) -> TreePolicy:
+    """The shipped LearnedTree; any budget field given overrides the budgets file for every domain."""
+    from controller import BudgetsFile, DomainBudget, LearnedTree
+
+    policy = LearnedTree.default()
+    given = {k: v for k, v in {"node_budget": node_budget, "max_depth": max_depth, "max_width": max_width,
+                               "threshold": threshold, "cost_scale": cost_scale}.items() if v is not None}
+    if given:
+        policy.budgets = BudgetsFile(default=DomainBudget(policy="learned", **given))
+    return policy
+
+
+def _budgeted() -> TreePolicy:
+    from controller import BudgetedTree
+
+    return BudgetedTree.default()
+
+
+register_tree_kind(TreeKind(
+    "confidence", _confidence,
+    {"budget": Param(int, help="nodes kept"), "max_depth": Param(int, help="levels"),
+     "top_k": Param(int, help="nodes expanded per level and children per node")},
+    help="EAGLE-2: expand the top_k nodes per level by path probability, keep the best `budget` nodes",
+))
+register_tree_kind(TreeKind(
+    "dynamic_chain", _dynamic_chain,
+    {"max_length": Param(int, help="longest chain"), "threshold": Param(float, help="initial confidence threshold")},
+    help="HF dynamic lookahead: a chain cut where the draft's confidence falls under an online-refit threshold",
+))
+register_tree_kind(TreeKind(
+    "learned", _learned,
+    {name: Param(kind, help=f"override the budgets' {name}") for name, kind in (
+        ("node_budget", int), ("max_depth", int), ("max_width", int), ("threshold", float), ("cost_scale", float))},
+    help="LearnedTree with the shipped predictor, budgets (data/budgets.json) and latency profile",
+))
+register_tree_kind(TreeKind(
+    "budgeted", _budgeted, {},
+    help="per domain, the policy family and size data/budgets.json names (domain='auto' classifies the prompt)",
+))

@@ -27,7 +27,9 @@ def test_bench_cli_json(tiny_pair_dir, tmp_path) -> None:
     ])
     assert res.exit_code == 0, res.output
     data = json.loads(out.read_text())
-    assert set(data["policies"]) == {"plain", "hf_assisted", "chain", "static", "wide"}
+    rows = set(data["policies"])
+    assert {"plain", "hf_assisted", "chain", "static", "confidence", "dynamic_chain", "wide"} <= rows
+    assert "learned" in rows or "learned" in data["skipped"]  # needs the shipped predictor
     for name, row in data["policies"].items():
         for key in ("tau", "verified_per_step", "drafted_per_step", "tokens_per_s", "speedup", "mismatches"):
             assert key in row and key in row["per_domain"]["code"]
