@@ -164,7 +164,7 @@ def build_runners(dec: TreeDecoder, cfg: BenchConfig) -> _Rows:
                 policy = build_tree(spec)
             except TreeSpecError:
                 raise
-            except TreewiseError as err:
+            except (ValueError, OSError) as err:  # e.g. no shipped predictor: the row cannot run here
                 skipped[row] = str(err)
                 continue
             key = row if len(candidates) == 1 else f"{row}@{spec}"
