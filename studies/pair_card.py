@@ -104,7 +104,7 @@ def render_card(eval_json: Path, train_json: Path, meta_json: Path) -> str:
         "",
         "## Models",
         "",
-        "| model | shape | params | steps | tokens seen | minutes | tokens/s | final train loss |",
+        "| model | shape | params | steps | tokens seen | minutes | tokens/s | final train cross-entropy (EMA 0.98) |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for r in tr:
@@ -173,6 +173,18 @@ def render_card(eval_json: Path, train_json: Path, meta_json: Path) -> str:
             "```",
             "",
         ]
+    if meta.get("tree_search"):
+        lines += [
+            "## Tree shape search (`treewise pair-report`, one tune prompt per domain, 48 new tokens)",
+            "",
+            "| shape | tau | tokens/s | speedup over target.generate |",
+            "|---|---|---|---|",
+        ]
+        lines += [
+            f"| {t['shape']} | {_f(t['tau'])} | {t['tokens_per_s']:.0f} | {_f(t['speedup'])}x |"
+            for t in meta["tree_search"]
+        ]
+        lines.append("")
     if meta.get("demo"):
         lines += ["## Demo", "", "```", meta["demo"].rstrip(), "```", ""]
     lines += [

@@ -78,7 +78,7 @@ def pair_report_cmd(
     models: Path = typer.Option(EvalConfig().models, help="Folder holding target/ and draft/."),
     work: Path = typer.Option(EvalConfig().work, help="The train-pair work folder (held-out tokens, results)."),
     threads: int = typer.Option(EvalConfig().threads, help="torch threads."),
-    command: str = typer.Option("treewise train-pair --minutes 62 --threads 2", help="Recipe shown in the card."),
+    command: str = typer.Option("treewise train-pair --minutes 60 --threads 2", help="Recipe shown in the card."),
 ) -> None:
     """Measure the trained pair and write the model card models/README.md from the measurements."""
     from studies.pair_card import render_card
@@ -87,8 +87,12 @@ def pair_report_cmd(
     cfg = EvalConfig(models=models, work=work, threads=threads)
     result = evaluate_pair(cfg)
     save_eval(result, work / "eval.json")
-    rows = run_demo(DemoConfig(threads=threads), data=models.parent)
-    meta = card_meta(work, command, demo_text(rows))
+    trials = search_trees(models, threads)
+    demo_cfg = DemoConfig(threads=threads)
+    rows = run_demo(demo_cfg, data=models.parent)
+    head = f"treewise demo: StaticTree(width={demo_cfg.width}, depth={demo_cfg.depth}), "
+    meta = card_meta(work, command, head + f"{demo_cfg.max_new_tokens} new tokens, test split\n" + demo_text(rows))
+    meta["tree_search"] = [t.__dict__ for t in trials]
     (work / "card_meta.json").write_text(json.dumps(meta, indent=2))
     (models / "README.md").write_text(
         render_card(work / "eval.json", work / "train_results.json", work / "card_meta.json")
@@ -100,6 +104,31 @@ def pair_report_cmd(
         )
     console.print(table)
     console.print(f"latency ms: {result.latency_ms}; card written to {models / 'README.md'}")
+
+
+def search_trees(models: Path, threads: int) -> list:
+    """Static shapes compared on one tune prompt per domain (48 new tokens each)."""
+    import torch
+
+    from decoder import Chain, StaticTree, TreeDecoder
+    from studies.pair_demo import pick_prompts, tree_search
+    from studies.suites import load_suite
+
+    torch.set_num_threads(threads)
+    dec = TreeDecoder.from_pretrained(models / "target", models / "draft", device="cpu")
+    prompts = pick_prompts(load_suite(models.parent / "prompts", split="tune"), 1)
+    dec.generate(prompts[0].prompt, max_new_tokens=8)  # warm-up
+    shapes = {
+        "Chain(2)": Chain(length=2),
+        "Chain(3)": Chain(length=3),
+        "Chain(4)": Chain(length=4),
+        "StaticTree(2, 2)": StaticTree(2, 2),
+        "StaticTree(2, 3)": StaticTree(2, 3),
+        "StaticTree(2, 4)": StaticTree(2, 4),
+        "StaticTree(branching=(3, 2, 1, 1))": StaticTree(branching=(3, 2, 1, 1)),
+        "StaticTree(branching=(4, 2, 2, 1, 1))": StaticTree(branching=(4, 2, 2, 1, 1)),
+    }
+    return tree_search(dec, prompts, shapes)
 
 
 def register(app: typer.Typer) -> None:
