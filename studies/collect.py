@@ -90,6 +90,22 @@ def versions() -> dict[str, str]:
     return out
 
 
+def model_fingerprint(path: Path, chunk: int = 1 << 20) -> str:
+    """Hash of a model folder's file names, sizes, and first and last MiB: cheap even for large weights."""
+    if not path.is_dir():
+        return f"hub:{path}"
+    h = hashlib.sha256()
+    for f in sorted(p for p in path.rglob("*") if p.is_file()):
+        size = f.stat().st_size
+        h.update(f"{f.relative_to(path)}\0{size}\0".encode())
+        with open(f, "rb") as fh:
+            h.update(fh.read(chunk))
+            if size > chunk:
+                fh.seek(max(chunk, size - chunk))
+                h.update(fh.read(chunk))
+    return h.hexdigest()[:16]
+
+
 @dataclass
 class CollectPlan:
     """Everything decided before a model is loaded: this shard's prompts and which are finished."""
@@ -122,6 +138,8 @@ def plan_collect(config: CollectConfig) -> CollectPlan:
         seed=config.seed, suite=str(Path(config.suite).resolve()), split=config.split, domains=config.domains,
         shards=count, prompts=len(everything), suite_fingerprint=suite_fingerprint(everything),
         target=str(Path(config.target).resolve()), draft=str(Path(config.draft).resolve()),
+        target_fingerprint=model_fingerprint(Path(config.target)),
+        draft_fingerprint=model_fingerprint(Path(config.draft)),
         node_schema_version=SCHEMA_VERSION, versions=versions(),
         created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
     )

@@ -84,13 +84,16 @@ class RunManifest(BaseModel):
     suite_fingerprint: str
     target: str
     draft: str
+    target_fingerprint: str  # weights and config, so a retrained pair at the same path is not mixed in
+    draft_fingerprint: str
     node_schema_version: str
     versions: dict[str, str]
     created: str
 
     def must_match(self, other: RunManifest, run_dir: Path) -> None:
         keys = ("tree", "temperature", "max_new_tokens", "seed", "split", "domains", "shards",
-                "suite_fingerprint", "target", "draft", "node_schema_version")
+                "suite_fingerprint", "target", "draft", "target_fingerprint", "draft_fingerprint",
+                "node_schema_version")
         diffs = [f"{k}: run has {getattr(self, k)!r}, asked {getattr(other, k)!r}"
                  for k in keys if getattr(self, k) != getattr(other, k)]
         if diffs:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -130,9 +131,17 @@ def test_kill_9_mid_run_loses_nothing_finished(suite_dir, tiny_pair_dir, tmp_pat
     assert data.nodes.num_rows == sum(r.drafted for r in data.records)
 
 
-def test_resume_refuses_other_settings(suite_dir, tiny_pair_dir, full_run):
+def test_resume_refuses_other_settings(suite_dir, tiny_pair_dir, full_run, tmp_path):
     with pytest.raises(RunError, match="max_new_tokens"):
         plan_collect(config(suite_dir, tiny_pair_dir, full_run, max_new_tokens=13))
+    # A pair retrained in place (same path, other weights) must not be mixed into the run.
+    moved = tmp_path / "pair"
+    shutil.copytree(tiny_pair_dir, moved)
+    cfg = config(suite_dir, moved, tmp_path / "run")
+    plan_collect(cfg)
+    (moved / "draft" / "config.json").write_text((moved / "draft" / "config.json").read_text() + "\n")
+    with pytest.raises(RunError, match="draft_fingerprint"):
+        plan_collect(cfg)
 
 
 def test_two_shards_read_as_one_equal_the_unsharded_run(suite_dir, tiny_pair_dir, tmp_path, full_run):
