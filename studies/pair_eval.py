@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -48,6 +49,7 @@ class PairEval:
     params: dict[str, int] = field(default_factory=dict)
     weights_bytes: int = 0
     seconds: float = 0.0
+    load_average: list[float] = field(default_factory=list)  # 1/5/15-min load while measuring: a shared CPU
 
 
 def heldout_windows(work: Path, domain: str, n: int, length: int) -> list[torch.Tensor]:
@@ -129,6 +131,7 @@ def evaluate_pair(cfg: EvalConfig) -> PairEval:
         sample = tok.decode(outs[0], skip_special_tokens=True) if outs else ""
         result.domains.append(DomainEval(domain, pt, pd, agree, rep, mine[0].prompt if mine else "", sample))
     result.latency_ms = {"target": forward_latency_ms(target), "draft": forward_latency_ms(draft)}
+    result.load_average = [round(x, 2) for x in os.getloadavg()]
     result.seconds = time.perf_counter() - start
     return result
 

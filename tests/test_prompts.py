@@ -58,3 +58,17 @@ def test_fingerprint_detects_corpus_text():
     fp = Fingerprint.load(DATA / "corpus_fingerprint.npz")
     known = (DATA / "heldout" / "fingerprint_probe.txt").read_text(encoding="utf-8")
     assert fp.leak_fraction(known) >= 0.9
+
+
+def test_demo_picks_two_test_prompts_per_domain_from_distinct_sources(prompts, monkeypatch):
+    from studies.pair_demo import data_dir, pick_prompts
+
+    monkeypatch.setenv("TREEWISE_DATA", "/somewhere/else")
+    assert str(data_dir()) == "/somewhere/else"
+    monkeypatch.delenv("TREEWISE_DATA")
+    assert data_dir() == DATA
+    chosen = pick_prompts([p for p in prompts if p.split == "test"], 2)
+    assert Counter(p.domain for p in chosen) == {d: 2 for d in DOMAINS}
+    for domain in DOMAINS:
+        sources = {p.source.split(":")[0] for p in chosen if p.domain == domain}
+        assert len(sources) == 2, domain
