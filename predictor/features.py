@@ -116,18 +116,24 @@ class NodeRows:
         )
 
 
+def _strings(col: pa.ChunkedArray) -> np.ndarray:
+    """Object array of a string column; via the dictionary, since logs repeat few distinct values."""
+    encoded = pc.dictionary_encode(col).combine_chunks()
+    words = np.asarray(encoded.dictionary.to_pylist(), dtype=object)
+    return words[encoded.indices.to_numpy(zero_copy_only=False)] if len(words) else np.zeros(len(col), object)
+
+
 def _np(table: pa.Table, name: str) -> np.ndarray:
     col = table.column(name)
     if pa.types.is_string(col.type):
-        return np.asarray(col.to_pylist(), dtype=object)
+        return _strings(col)
     if pa.types.is_boolean(col.type):
         return np.asarray(col.fill_null(False).to_numpy(zero_copy_only=False), dtype=bool)
     return np.asarray(col.to_numpy(zero_copy_only=False))
 
 
 def request_keys(table: pa.Table) -> np.ndarray:
-    joined = pc.binary_join_element_wise(table.column("run_id"), table.column("prompt_id"), "\x1f")
-    return np.asarray(joined.to_pylist(), dtype=object)
+    return _strings(pc.binary_join_element_wise(table.column("run_id"), table.column("prompt_id"), "\x1f"))
 
 
 def conditional_mask(table: pa.Table, request: np.ndarray) -> np.ndarray:
