@@ -120,6 +120,7 @@ class AcceptanceStudy(BaseModel):
     overall: DomainStats
     domain_vs_depth: DomainVsDepth  # all domains of the run
     domain_vs_depth_seed_domains: DomainVsDepth | None  # the seed's four domains only (claim 1), when they differ
+    domain_vs_depth_top1: DomainVsDepth  # rank-0 children only: depth without the 1/width cap of wide levels
     greedy_checked: int
     greedy_mismatches: int
     log_consistency_errors: int  # steps whose on-path node count differs from the step log's accepted
@@ -376,6 +377,7 @@ def analyze(
     return AcceptanceStudy(
         run=run, tree=tree, temperature=temperature, definitions=DEFINITIONS, domains=domains,
         overall=overall, domain_vs_depth=dvd, domain_vs_depth_seed_domains=dvd_seed,
+        domain_vs_depth_top1=domain_vs_depth(n.subset(n.sibling_rank == 0), config),
         greedy_checked=int(p.greedy_checked.sum()),
         greedy_mismatches=int((p.greedy_checked & ~p.greedy_match).sum()),
         log_consistency_errors=_log_consistency_errors(n, s),

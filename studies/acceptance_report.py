@@ -76,11 +76,15 @@ def _sort_key(key: str) -> tuple[int, str]:
 
 def dvd_table(study: AcceptanceStudy) -> TableData:
     t = TableData("Domain vs depth: out-of-fold log-loss reduction over one global rate (nats per verified node)",
-                  ["domains", "nodes", "prompts", "one-rate log-loss", "domain-only [95% CI]",
+                  ["nodes used", "domains", "nodes", "prompts", "one-rate log-loss", "domain-only [95% CI]",
                    "depth-only [95% CI]", "difference [95% CI]", "stronger"])
-    for dvd in filter(None, (study.domain_vs_depth, study.domain_vs_depth_seed_domains)):
+    cases = (("all nodes", study.domain_vs_depth), ("all nodes", study.domain_vs_depth_seed_domains),
+             ("rank-0 children", study.domain_vs_depth_top1))
+    for rows, dvd in cases:
+        if dvd is None:
+            continue
         ci = lambda lo, hi: f"[{_f(lo, 5)}, {_f(hi, 5)}]"  # noqa: E731
-        t.rows.append([", ".join(dvd.domains), str(dvd.nodes), str(dvd.prompts), _f(dvd.baseline_logloss, 4),
+        t.rows.append([rows, ", ".join(dvd.domains), str(dvd.nodes), str(dvd.prompts), _f(dvd.baseline_logloss, 4),
                        f"{_f(dvd.domain_reduction, 5)} {ci(*dvd.domain_ci95)}",
                        f"{_f(dvd.depth_reduction, 5)} {ci(*dvd.depth_ci95)}",
                        f"{_f(dvd.difference, 5)} {ci(*dvd.difference_ci95)}", dvd.stronger])
@@ -114,7 +118,8 @@ def report_tables(study: AcceptanceStudy) -> list[TableData]:
 def _to_rich(t: TableData) -> Table:
     table = Table(title=t.title, show_lines=t.columns[-1] == "evidence")
     for col in t.columns:
-        table.add_column(col, justify="left" if col in ("domain", "domains", "claim", "evidence") else "right")
+        left = col in ("domain", "domains", "nodes used", "claim", "evidence")
+        table.add_column(col, justify="left" if left else "right")
     for row in t.rows:
         table.add_row(*[{"yes": "[green]yes[/]", "no": "[red]no[/]"}.get(c, c) for c in row])
     return table
@@ -178,6 +183,7 @@ def _fig_depth(study: AcceptanceStudy, out: Path) -> Path:
             ax.plot(_depths(getattr(d, attr)), getattr(d, attr), marker="o", label=name)
         ax.set_title(title)
         ax.set_xlabel("depth")
+        ax.set_xticks(_depths(study.overall.depth_acceptance))
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("acceptance")
     axes[0].legend()
@@ -185,14 +191,15 @@ def _fig_depth(study: AcceptanceStudy, out: Path) -> Path:
     return _save(fig, out / "depth_acceptance.png")
 
 
-def _grouped_bars(ax: plt.Axes, series: dict[str, list[float]], labels: list[str]) -> None:
+def _grouped_bars(ax: plt.Axes, series: dict[str, list[float]], labels: list[str], legend: bool = True) -> None:
     n = max(len(series), 1)
     for i, (name, values) in enumerate(series.items()):
         xs = [k + (i - (n - 1) / 2) * 0.8 / n for k in range(len(values))]
         ax.bar(xs, values, width=0.8 / n, label=name)
     ax.set_xticks(range(len(labels)), labels, rotation=30 if max(map(len, labels), default=0) > 3 else 0)
     ax.grid(alpha=0.3, axis="y")
-    ax.legend()
+    if legend:
+        ax.legend(fontsize="small")
 
 
 def _fig_lengths(study: AcceptanceStudy, out: Path) -> Path:
@@ -245,7 +252,7 @@ def _fig_rank_type(study: AcceptanceStudy, out: Path) -> Path:
         for name, d in study.domains.items():
             by = {r.key: r.rate for r in getattr(d, attr)}
             series[name] = [by.get(k, float("nan")) for k in keys]
-        _grouped_bars(ax, series, keys)
+        _grouped_bars(ax, series, keys, legend=attr == "by_sibling_rank")
         ax.set_xlabel(xlabel)
         ax.set_ylabel("acceptance")
     fig.suptitle(f"Acceptance by sibling rank and token type — {study.tree}")

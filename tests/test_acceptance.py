@@ -180,6 +180,7 @@ def test_domain_vs_depth_picks_the_factor_that_drives_acceptance(factor):
     assert dvd.difference_ci95[0] <= dvd.difference <= dvd.difference_ci95[1]
     assert study.claims[0].holds == (factor == "domain")
     assert study.domain_vs_depth_seed_domains is None  # the run holds the seed's four domains only
+    assert study.domain_vs_depth_top1.stronger == factor  # every flat node is a rank-0 child
 
 
 def test_claim_one_is_judged_on_the_seed_domains_when_the_run_has_more():
