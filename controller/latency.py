@@ -20,6 +20,7 @@ from pydantic import BaseModel
 from transformers import DynamicCache, PreTrainedModel
 
 from decoder import TreeDecoder, tree_attention_mask
+from decoder.paths import data_dir
 
 SIZES = (1, 2, 4, 8, 16, 32, 64)
 
@@ -100,9 +101,18 @@ def pair_key(target: PreTrainedModel, draft: PreTrainedModel) -> str:
 
 
 def load_or_measure(dec: TreeDecoder, cache_dir: str | Path) -> LatencyProfile:
-    """The cached profile of this pair on this device, measured (about a second) on first use."""
+    """The cached profile of this pair on this device, measured (about a second) on first use.
+
+    The shipped ``data/latency.json`` wins when it was measured for this very pair and device, so tuning and
+    ``LearnedTree.default()`` use one cost model.
+    """
     cache_dir = Path(cache_dir)
     key = pair_key(dec.target, dec.draft)
+    shipped = data_dir() / "latency.json"
+    if shipped.exists():
+        profile = LatencyProfile.model_validate_json(shipped.read_text())
+        if profile.key == key:
+            return profile
     path = cache_dir / f"latency-{key}.json"
     if path.exists():
         return LatencyProfile.model_validate_json(path.read_text())
