@@ -95,9 +95,16 @@ def measure_latency(target: PreTrainedModel, draft: PreTrainedModel, context: in
 
 def pair_key(target: PreTrainedModel, draft: PreTrainedModel) -> str:
     """Identifies a pair on a device: both configs, dtypes, the device and the thread count."""
-    parts = [target.config.to_json_string(use_diff=False), draft.config.to_json_string(use_diff=False),
+    parts = [_config_text(target), _config_text(draft),
              str(next(target.parameters()).dtype), str(next(target.parameters()).device), str(torch.get_num_threads())]
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
+
+
+def _config_text(model: PreTrainedModel) -> str:
+    cfg = model.config.to_dict()
+    for volatile in ("_name_or_path", "transformers_version"):  # the same pair loaded from another path
+        cfg.pop(volatile, None)
+    return json.dumps(cfg, sort_keys=True, default=str)
 
 
 def load_or_measure(dec: TreeDecoder, cache_dir: str | Path) -> LatencyProfile:
