@@ -15,12 +15,12 @@ import numpy as np
 import pyarrow as pa
 
 from predictor import baselines as bl
-from predictor.config import FEATURE_GROUPS
+from predictor.config import FEATURE_GROUPS, PredictorConfig
 from predictor.features import FeatureSchema, NodeRows, select_rows
 from predictor.latency import LatencyResult, measure_predict_batch
 from predictor.metrics import BinaryMetrics, CalibrationBin, binary_metrics, calibration_curve
 from predictor.model import AcceptancePredictor, PredictorError, fit
-from predictor.split import PromptSplit, SplitMasks
+from predictor.split import PromptSplit, SplitMasks, split_by_prompt
 
 AUC_GAIN_TARGET = 0.03
 ECE_TARGET = 0.03
@@ -46,11 +46,16 @@ class ScoredMetrics:
 
 @dataclass(frozen=True)
 class AblationRow:
+    """One feature group dropped; deltas are ablated minus full, averaged over split seeds."""
+
     dropped: str  # feature group name, "none" for the full model
     features: list[str]
-    test: BinaryMetrics
-    delta_auc: float  # ablated minus full: negative means the group helps
-    delta_log_loss: float  # ablated minus full: positive means the group helps
+    test: BinaryMetrics  # on the model's own split (the first seed)
+    delta_auc: float  # negative: the group helps
+    delta_log_loss: float  # positive: the group helps
+    delta_auc_sd: float  # spread over seeds (NaN for one seed)
+    delta_log_loss_sd: float
+    seeds: int
 
 
 @dataclass(frozen=True)
@@ -98,8 +103,9 @@ class EvaluationReport:
         out["predict_batch_latency"] = [r.to_dict() for r in self.latency]
         if self.ablation is not None:
             out["ablation"] = [
-                {"dropped": a.dropped, "features": a.features, **a.test.to_dict(),
-                 **_nan_to_none({"delta_auc": a.delta_auc, "delta_log_loss": a.delta_log_loss})}
+                {"dropped": a.dropped, "features": a.features, "seeds": a.seeds, **a.test.to_dict(),
+                 **_nan_to_none({"delta_auc": a.delta_auc, "delta_log_loss": a.delta_log_loss,
+                                 "delta_auc_sd": a.delta_auc_sd, "delta_log_loss_sd": a.delta_log_loss_sd})}
                 for a in self.ablation
             ]
         if self.labels is not None:
@@ -128,8 +134,12 @@ def _masks(predictor: AcceptancePredictor, rows: NodeRows) -> SplitMasks:
 
 
 def evaluate(predictor: AcceptancePredictor, logs: pa.Table, ablation: bool = False,
-             compare_labels: bool = False, latency_calls: int = 300) -> EvaluationReport:
-    """Score the predictor and the baselines on the test prompts; optionally retrain for studies."""
+             compare_labels: bool = False, latency_calls: int = 300, ablation_seeds: int = 1) -> EvaluationReport:
+    """Score the predictor and the baselines on the test prompts; optionally retrain for studies.
+
+    The ablation uses the model's split, then ``ablation_seeds - 1`` fresh prompt splits of the same logs
+    (seed + i), so a feature group's effect comes with its spread across splits.
+    """
     rows = select_rows(logs, predictor.config.split_by)
     masks = _masks(predictor, rows)
     test = rows.subset(masks.test)
@@ -150,7 +160,7 @@ def evaluate(predictor: AcceptancePredictor, logs: pa.Table, ablation: bool = Fa
         baselines=_baselines(rows, masks, test, labels, predictor.config.label),
         targets=TargetCheck(math.nan, [], 0, math.nan, []),
         latency=measure_predict_batch(predictor, test, calls=latency_calls) if latency_calls else [],
-        ablation=_ablation(predictor, rows, masks, model.overall) if ablation else None,
+        ablation=_ablation(predictor, rows, masks, ablation_seeds) if ablation else None,
         labels=_compare_labels(predictor, rows, masks) if compare_labels else None,
     )
     return _with_targets(report)
@@ -201,21 +211,49 @@ def _require_training_rows(masks: SplitMasks) -> None:
         raise PredictorError("ablations retrain on the model's split: evaluate on the logs the model was trained on")
 
 
-def _ablation(predictor: AcceptancePredictor, rows: NodeRows, masks: SplitMasks,
-              full: BinaryMetrics) -> list[AblationRow]:
-    _require_training_rows(masks)
-    config, split = predictor.config, predictor.split
-    assert split is not None  # _require_training_rows saw train rows, so there is a split
-    test = rows.subset(masks.test)
-    out = [AblationRow("none", list(config.features), full, 0.0, 0.0)]
+@dataclass(frozen=True)
+class _GroupScore:
+    dropped: list[str]
+    test: BinaryMetrics
+
+
+def _sd(values: np.ndarray) -> float:
+    return float(values.std(ddof=1)) if len(values) > 1 else math.nan
+
+
+def _ablation_deltas(rows: NodeRows, split: PromptSplit, schema: FeatureSchema, config: PredictorConfig,
+                     full_model: AcceptancePredictor | None) -> dict[str, _GroupScore]:
+    """Test metrics of the full model and of each ablated model on one split."""
+    test = rows.subset(split.masks(rows.group).test)
+    full = full_model or fit(rows, split, schema, config)
+    out = {"none": _GroupScore(list(config.features),
+                               binary_metrics(full.predict_rows(test), test.label(config.label), test.hard))}
     for group, names in FEATURE_GROUPS.items():
         dropped = tuple(n for n in names if n in config.features)
         if not dropped or len(dropped) == len(config.features):
             continue
         cfg = config.without(dropped)
-        model = fit(rows, split, _sub_schema(predictor.schema, cfg.features), cfg)
-        m = binary_metrics(model.predict_rows(test), test.label(cfg.label), test.hard)
-        out.append(AblationRow(group, list(dropped), m, m.auc - full.auc, m.log_loss - full.log_loss))
+        model = fit(rows, split, _sub_schema(schema, cfg.features), cfg)
+        out[group] = _GroupScore(list(dropped),
+                                 binary_metrics(model.predict_rows(test), test.label(cfg.label), test.hard))
+    return out
+
+
+def _ablation(predictor: AcceptancePredictor, rows: NodeRows, masks: SplitMasks, seeds: int) -> list[AblationRow]:
+    _require_training_rows(masks)
+    config, split = predictor.config, predictor.split
+    assert split is not None  # _require_training_rows saw train rows, so there is a split
+    runs = [_ablation_deltas(rows, split, predictor.schema, config, predictor)]
+    for i in range(1, seeds):
+        cfg = config.model_copy(update={"seed": config.seed + i})
+        fresh = split_by_prompt(rows.group, rows.columns["domain"], cfg.train_fraction, cfg.valid_fraction, cfg.seed)
+        runs.append(_ablation_deltas(rows, fresh, predictor.schema, cfg, None))
+    out = []
+    for group, first in runs[0].items():
+        d_auc = np.array([r[group].test.auc - r["none"].test.auc for r in runs])
+        d_ll = np.array([r[group].test.log_loss - r["none"].test.log_loss for r in runs])
+        out.append(AblationRow(group, first.dropped, first.test, float(d_auc.mean()), float(d_ll.mean()),
+                               _sd(d_auc), _sd(d_ll), len(runs)))
     return out
 
 

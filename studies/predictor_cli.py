@@ -82,6 +82,7 @@ def evaluate_command(
     json_out: Path | None = typer.Option(None, "--json", help="Write the full evaluation here."),
     plots: Path | None = typer.Option(None, "--plots", help="Folder for calibration.png and importance.png."),
     ablation: bool = typer.Option(False, "--ablation", help="Retrain without each feature group (same split)."),
+    ablation_seeds: int = typer.Option(1, "--ablation-seeds", help="Prompt splits the ablation averages over."),
     compare_labels: bool = typer.Option(False, "--compare-labels", help="Retrain with the other label kind."),
     markdown: Path | None = typer.Option(None, "--markdown", help="Write the tables as markdown here."),
     latency_calls: int = typer.Option(300, "--latency-calls", help="predict_batch calls timed per batch size."),
@@ -91,6 +92,7 @@ def evaluate_command(
     try:
         predictor = AcceptancePredictor.load(model)
         report = evaluate(predictor, read_runs(logs), ablation=ablation, compare_labels=compare_labels,
+                          ablation_seeds=ablation_seeds,
                           latency_calls=latency_calls).to_dict()
     except _EXPECTED as err:
         raise _fail(console, str(err)) from None

@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.table import Table
 
 METRIC_KEYS = ("n", "auc", "log_loss", "brier", "ece")
+ABLATION_KEYS = ("auc", "log_loss", "ece", "delta_auc", "delta_auc_sd", "delta_log_loss", "delta_log_loss_sd")
 
 
 def _fmt(value: Any) -> str:
@@ -76,9 +77,10 @@ def print_evaluation(console: Console, report: dict[str, Any]) -> None:
         console.print(_metrics_table("predict_batch wall time", "candidates",
                                      {str(r["batch"]): r for r in lat}, ("calls", "median_us", "p90_us")))
     if "ablation" in report:
-        console.print(_metrics_table("ablation: drop one feature group, retrain on the same split", "dropped",
-                                     {a["dropped"]: a for a in report["ablation"]},
-                                     ("auc", "delta_auc", "log_loss", "delta_log_loss", "ece")))
+        seeds = report["ablation"][0]["seeds"]
+        console.print(_metrics_table(f"ablation: drop one feature group and retrain; deltas = mean over {seeds} "
+                                     "prompt split(s), sd across them", "dropped",
+                                     {a["dropped"]: a for a in report["ablation"]}, ABLATION_KEYS))
     if "labels" in report:
         console.print(_metrics_table("hard vs soft labels (same split, same test rows)", "trained on",
                                      report["labels"], ("auc", "log_loss_hard", "ece_hard", "ece_soft", "brier_soft")))
@@ -126,8 +128,7 @@ def markdown_tables(report: dict[str, Any]) -> str:
         parts.append(table("candidates", {str(r["batch"]): r for r in report["predict_batch_latency"]},
                            ("calls", "median_us", "p90_us")))
     if "ablation" in report:
-        parts.append(table("dropped", {a["dropped"]: a for a in report["ablation"]},
-                           ("auc", "delta_auc", "log_loss", "delta_log_loss", "ece")))
+        parts.append(table("dropped", {a["dropped"]: a for a in report["ablation"]}, ABLATION_KEYS))
     if "labels" in report:
         parts.append(table("trained on", report["labels"],
                            ("auc", "log_loss_hard", "ece_hard", "ece_soft", "brier_soft")))

@@ -261,8 +261,8 @@ def test_cli_train_and_evaluate_end_to_end(tmp_path: Path) -> None:
     assert res.exit_code == 0, res.output
     assert json.loads((tmp_path / "t.json").read_text())["label"] == "hard"
     res = runner.invoke(app, ["evaluate", str(run.parent), "--model", str(model), "--json", str(out),
-                              "--plots", str(tmp_path / "plots"), "--ablation", "--compare-labels",
-                              "--latency-calls", "20"])
+                              "--plots", str(tmp_path / "plots"), "--ablation", "--ablation-seeds", "2",
+                              "--compare-labels", "--latency-calls", "20"])
     assert res.exit_code == 0, res.output
     report = json.loads(out.read_text())
     assert 0.5 < report["auc"] <= 1 and 0 <= report["ece"] <= 1
@@ -272,6 +272,7 @@ def test_cli_train_and_evaluate_end_to_end(tmp_path: Path) -> None:
     assert all(0 <= b["auc"] <= 1 for b in report["baselines"].values())
     assert set(report["predict_batch_us"]) == {"4", "16", "64"}
     assert {a["dropped"] for a in report["ablation"]} >= {"none", "running_acceptance", "domain", "position"}
+    assert all(a["seeds"] == 2 and a["delta_auc_sd"] is not None for a in report["ablation"])
     assert set(report["labels"]) == {"hard", "soft"}
     assert (tmp_path / "plots" / "calibration.png").stat().st_size > 1000
     res = runner.invoke(app, ["evaluate", str(run.parent), "--model", str(tmp_path / "nothing")])
