@@ -24,7 +24,7 @@ from predictor.features import (
     select_rows,
 )
 from predictor.metrics import binary_metrics
-from predictor.split import PromptSplit, split_by_prompt
+from predictor.split import PromptSplit, SplitMasks, split_by_prompt
 
 MODEL_FILE = "model.txt"
 SCHEMA_FILE = "feature_schema.json"
@@ -210,7 +210,7 @@ def fit(rows: NodeRows, split: PromptSplit, schema: FeatureSchema, config: Predi
     return predictor
 
 
-def _training_metrics(predictor: AcceptancePredictor, rows: NodeRows, x: np.ndarray, masks: Any,
+def _training_metrics(predictor: AcceptancePredictor, rows: NodeRows, x: np.ndarray, masks: SplitMasks,
                       raw_valid: np.ndarray, best: int) -> dict[str, Any]:
     config = predictor.config
     y = rows.label(config.label)
