@@ -148,8 +148,13 @@ def write_atomic(tables: Iterable[pa.Table], path: Path) -> None:
 
 
 def read_node_logs(path: str | Path) -> pa.Table:
-    """Read one parquet file or every ``*.parquet`` under a folder (recursively) as one table."""
+    """Read one parquet file or every ``*.parquet`` under a folder (recursively) as one table.
+
+    A run folder written by ``treewise collect`` keeps its node logs under ``nodes/``; that is what is read.
+    """
     path = Path(path)
+    if (path / "nodes").is_dir():
+        path = path / "nodes"
     files = sorted(path.rglob("*.parquet")) if path.is_dir() else [path]
     if not files:
         raise NodeLogError(f"no node-log parquet files under {path}: run `treewise collect` first")
