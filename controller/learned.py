@@ -78,7 +78,9 @@ class LearnedTree:
         domain = request.domain
         if domain == "auto" and self.classifier is not None:
             domain = self.classifier.resolve(domain, request.prompt)
-        self.domain, self.budget = domain, self.budgets.for_domain(domain)
+        budget = self.budgets.for_domain(domain)
+        # A domain tuned to another family (static, confidence) says nothing about learned sizes: use the default.
+        self.domain, self.budget = domain, budget if budget.policy == "learned" else self.budgets.default
         self._root_value = None
 
     def plan(self, frontier: Frontier) -> LevelPlan:

@@ -46,6 +46,7 @@ class BenchConfig(BaseModel):
         "confidence": ["confidence:budget=16,max_depth=5,top_k=4"],
         "dynamic_chain": ["dynamic_chain"],
         "learned": ["learned"],
+        "budgeted": ["budgeted"],  # the controller's default: per-domain family and size from data/budgets.json
     })
     hf_assisted: bool = True
     # HF assisted generation settings, set on the draft's generation_config (5.x leaves them unset).
