@@ -20,6 +20,8 @@ from .paths import data_dir, default_pair
 from .treespec import build_tree
 
 _B = BenchConfig()
+# --policy NAME for kinds whose spec needs parameters
+_POLICY_SPECS = {"static": f"static:width={DEFAULTS.width},depth={DEFAULTS.depth}", "chain": "chain:length=4"}
 
 
 def bench(
@@ -66,6 +68,10 @@ def bench(
 def decode(
     prompt: Annotated[str, typer.Argument(help="the prompt text")],
     tree: Annotated[str, typer.Option(help="tree spec")] = f"static:width={DEFAULTS.width},depth={DEFAULTS.depth}",
+    policy: Annotated[str | None, typer.Option(
+        help="a policy by name with its defaults: learned, budgeted, confidence, dynamic_chain, chain "
+             "(overrides --tree)",
+    )] = None,
     max_new_tokens: Annotated[int, typer.Option()] = DEFAULTS.max_new_tokens,
     temperature: Annotated[float, typer.Option(help="0 = greedy")] = DEFAULTS.temperature,
     seed: Annotated[int | None, typer.Option()] = None,
@@ -77,7 +83,7 @@ def decode(
     console = Console()
     t_default, d_default = default_pair()
     try:
-        policy = build_tree(tree)
+        tree_policy = build_tree(tree if policy is None else _POLICY_SPECS.get(policy, policy))
         dec = TreeDecoder.from_pretrained(target or t_default, draft or d_default)
         shown: list[int] = []
 
@@ -87,7 +93,7 @@ def decode(
             console.print(dec.tokenizer.decode(shown, skip_special_tokens=True)[len(before):], end="",
                           markup=False, highlight=False)
 
-        out = dec.generate(prompt, max_new_tokens, tree=policy, temperature=temperature, seed=seed,
+        out = dec.generate(prompt, max_new_tokens, tree=tree_policy, temperature=temperature, seed=seed,
                            domain=domain, stream=show)
     except TreewiseError as err:
         console.print(f"[red]error:[/red] {err}")

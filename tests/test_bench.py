@@ -54,6 +54,9 @@ def test_decode_cli_streams(tiny_pair_dir) -> None:
                                    str(tiny_pair_dir / "target"), "--draft", str(tiny_pair_dir / "draft")])
     assert res.exit_code == 0, res.output
     assert "steps, tau" in res.output and "finish:" in res.output
+    res = CliRunner().invoke(app, ["decode", "hello", "--policy", "confidence", "--max-new-tokens", "6", "--target",
+                                   str(tiny_pair_dir / "target"), "--draft", str(tiny_pair_dir / "draft")])
+    assert res.exit_code == 0, res.output
 
 
 def test_latency_cli_writes_a_profile(tiny_pair_dir, tmp_path) -> None:

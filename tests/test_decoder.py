@@ -36,11 +36,9 @@ def test_greedy_equals_target_generate(pair) -> None:
     target, draft, tok = pair
     dec = TreeDecoder(target, draft, tok)
     mismatches = []
-    for i, prompt in enumerate(_prompts(30)):
+    for prompt in _prompts(30):
         ref = dec.generate_plain(prompt, max_new_tokens=20)
-        for name, shape in SHAPES.items():
-            if (i + len(name)) % 2:  # every prompt meets at least two shapes, every shape 15+ prompts
-                continue
+        for name, shape in SHAPES.items():  # 30 prompts x every shape
             out = dec.generate(prompt, max_new_tokens=20, tree=shape)
             if out.token_ids != ref.token_ids:
                 mismatches.append((prompt, name))
