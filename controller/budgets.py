@@ -8,14 +8,13 @@ error, since the caller asked for that file by name.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from decoder import TreewiseError
+from decoder.atomic import write_bytes_atomic
 from decoder.paths import data_dir
 
 BUDGETS_FILE = "budgets.json"
@@ -154,16 +153,5 @@ def _allowed_range(loc: tuple[int | str, ...]) -> str:
 
 def save_budgets(budgets: BudgetsFile, path: str | Path) -> Path:
     """Write ``budgets`` as JSON atomically (temp file in the same folder, then ``os.replace``)."""
-    file = Path(path)
-    file.parent.mkdir(parents=True, exist_ok=True)
     text = json.dumps(budgets.model_dump(mode="json"), indent=2) + "\n"
-    fd, tmp = tempfile.mkstemp(prefix=f".{file.name}.", suffix=".tmp", dir=file.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        os.chmod(tmp, 0o644)  # mkstemp makes it owner-only; this is a shared data file
-        os.replace(tmp, file)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return file
+    return write_bytes_atomic(path, text.encode("utf-8"))

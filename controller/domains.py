@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import re
-import tempfile
 import time
 import zlib
 from collections.abc import Sequence
@@ -25,6 +23,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from decoder import TreewiseError
+from decoder.atomic import write_bytes_atomic
 from decoder.paths import data_dir
 
 CLASSIFIER_FILE = "domain_classifier.npz"
@@ -175,22 +174,12 @@ class DomainClassifier:
     def save(self, path: str | Path) -> Path:
         """Write a compressed .npz atomically (temp file in the same folder, then ``os.replace``)."""
         file = Path(path)
-        file.parent.mkdir(parents=True, exist_ok=True)
         buffer = io.BytesIO()
         np.savez_compressed(
             buffer, format_version=np.array(FORMAT_VERSION), labels=np.array(self.labels, dtype=str),
             log_prob=self.log_prob, log_prior=self.log_prior, config=np.array(self.config.model_dump_json()),
         )
-        fd, tmp = tempfile.mkstemp(prefix=f".{file.name}.", suffix=".tmp", dir=file.parent)
-        try:
-            with os.fdopen(fd, "wb") as handle:
-                handle.write(buffer.getvalue())
-            os.chmod(tmp, 0o644)  # mkstemp makes it owner-only; this is a shared data file
-            os.replace(tmp, file)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        return file
+        return write_bytes_atomic(file, buffer.getvalue())
 
     @classmethod
     def load(cls, path: str | Path) -> DomainClassifier:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import statistics
 import time
 from datetime import datetime, timezone
@@ -20,6 +19,7 @@ from pydantic import BaseModel
 from transformers import DynamicCache, PreTrainedModel
 
 from decoder import TreeDecoder, tree_attention_mask
+from decoder.atomic import write_bytes_atomic
 from decoder.paths import data_dir
 
 SIZES = (1, 2, 4, 8, 16, 32, 64)
@@ -124,8 +124,5 @@ def load_or_measure(dec: TreeDecoder, cache_dir: str | Path) -> LatencyProfile:
     if path.exists():
         return LatencyProfile.model_validate_json(path.read_text())
     profile = measure_latency(dec.target, dec.draft)
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(profile.model_dump(), indent=1))
-    os.replace(tmp, path)
+    write_bytes_atomic(path, json.dumps(profile.model_dump(), indent=1).encode())
     return profile

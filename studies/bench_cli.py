@@ -13,6 +13,7 @@ from rich.table import Table
 
 from controller import measure_latency
 from decoder import DEFAULTS, TreeDecoder, TreewiseError
+from decoder.atomic import write_bytes_atomic
 
 from .bench import BenchConfig, load_bench_decoder, run_bench, select_prompts
 from .bench_report import print_bench, step_table
@@ -118,8 +119,7 @@ def latency(
         console.print(f"[red]error:[/red] {err}")
         raise typer.Exit(2) from None
     profile = measure_latency(dec.target, dec.draft, context=context)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(profile.model_dump(), indent=1))
+    write_bytes_atomic(out, json.dumps(profile.model_dump(), indent=1).encode())
     table = Table(title=f"forward latency, ms (context {context}, {profile.threads} threads, {profile.device})")
     for col in ("tokens", "target", "draft", "draft / target"):
         table.add_column(col, justify="right")
