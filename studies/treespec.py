@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from controller import BudgetedTree, BudgetsFile, ConfidenceTree, DomainBudget, DynamicChain, LearnedTree
 from decoder import Chain, StaticTree, TreePolicy, TreewiseError
 
 
@@ -154,36 +155,28 @@ register_tree_kind(TreeKind(
 ))
 
 
-def _confidence(budget: int | None, max_depth: int | None, top_k: int | None) -> TreePolicy:
-    from controller import ConfidenceTree
-
-    given = {k: v for k, v in {"budget": budget, "max_depth": max_depth, "top_k": top_k}.items() if v is not None}
-    return ConfidenceTree(**given)
+def _given(params: dict[str, Any]) -> dict[str, Any]:
+    """The parameters the spec named (the parser fills the others with None): the policy keeps its defaults."""
+    return {k: v for k, v in params.items() if v is not None}
 
 
-def _dynamic_chain(max_length: int | None, threshold: float | None) -> TreePolicy:
-    from controller import DynamicChain
-
-    given = {k: v for k, v in {"max_length": max_length, "threshold": threshold}.items() if v is not None}
-    return DynamicChain(**given)
+def _confidence(**params: Any) -> TreePolicy:
+    return ConfidenceTree(**_given(params))
 
 
-def _learned(node_budget: int | None, max_depth: int | None, max_width: int | None, threshold: float | None,
-             cost_scale: float | None) -> TreePolicy:
+def _dynamic_chain(**params: Any) -> TreePolicy:
+    return DynamicChain(**_given(params))
+
+
+def _learned(**params: Any) -> TreePolicy:
     """The shipped LearnedTree; any budget field given overrides the budgets file for every domain."""
-    from controller import BudgetsFile, DomainBudget, LearnedTree
-
     policy = LearnedTree.default()
-    given = {k: v for k, v in {"node_budget": node_budget, "max_depth": max_depth, "max_width": max_width,
-                               "threshold": threshold, "cost_scale": cost_scale}.items() if v is not None}
-    if given:
+    if given := _given(params):
         policy.budgets = BudgetsFile(default=DomainBudget(policy="learned", **given))
     return policy
 
 
 def _budgeted() -> TreePolicy:
-    from controller import BudgetedTree
-
     return BudgetedTree.default()
 
 
