@@ -55,7 +55,8 @@ class LatencyProfile(BaseModel):
 def _interp(n: float, xs: list[int], ys: list[float]) -> float:
     if n <= xs[-1]:
         return float(np.interp(n, xs, ys))
-    slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])  # extrapolate along the last segment
+    # Extrapolate along the last segment; timing noise must not make bigger trees look cheaper.
+    slope = max(0.0, (ys[-1] - ys[-2]) / (xs[-1] - xs[-2]))
     return ys[-1] + slope * (n - xs[-1])
 
 

@@ -69,4 +69,4 @@ def test_latency_cli_writes_a_profile(tiny_pair_dir, tmp_path) -> None:
     assert res.exit_code == 0, res.output
     profile = LatencyProfile.model_validate_json(out.read_text())
     assert profile.sizes[0] == 1 and all(t > 0 for t in profile.target_ms + profile.draft_ms)
-    assert profile.target_time(100) > profile.target_time(1) > 0
+    assert profile.target_time(100) >= profile.target_time(64) > 0  # never cheaper past the measured sizes
