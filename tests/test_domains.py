@@ -2,7 +2,6 @@
 
 import json
 import random
-import time
 
 import numpy as np
 import pytest
@@ -108,17 +107,6 @@ def test_hash_is_pinned() -> None:
     assert buckets.tolist() == [1, 138, 277, 315, 352, 433, 500, 659, 685, 874]
     # " ab ": the space unigram occurs twice, every other feature once.
     assert sorted(weights.tolist()) == pytest.approx(sorted([np.log(3.0)] + [np.log(2.0)] * 9))
-
-
-def test_predict_is_fast(tmp_path) -> None:
-    classifier = train_on_suite(_make_suite(tmp_path)).classifier
-    text = "Explain how a binary search tree keeps its keys ordered, with an example. " * 9  # ~680 chars
-    times = []
-    for _ in range(50):
-        start = time.perf_counter()
-        classifier.predict(text)
-        times.append(time.perf_counter() - start)
-    assert np.median(times) < 2e-3  # target well under 1 ms; slack for a shared CPU
 
 
 def test_missing_model_names_build_command(tmp_path, monkeypatch) -> None:
