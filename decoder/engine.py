@@ -150,18 +150,24 @@ class TreeDecoder:
         return stats
 
     @torch.inference_mode()
-    def generate_plain(self, prompt: str | list[int],
-                       max_new_tokens: int = DEFAULTS.max_new_tokens) -> GenerationResult:
-        """The target's own greedy decoding through ``model.generate``: the reference and the baseline."""
+    def generate_plain(self, prompt: str | list[int], max_new_tokens: int = DEFAULTS.max_new_tokens,
+                       assistant: PreTrainedModel | None = None) -> GenerationResult:
+        """The target's own greedy decoding through ``model.generate``: the reference and the baseline.
+
+        With ``assistant`` (usually ``self.draft``) it is Hugging Face's assisted generation instead, whose
+        target calls are not observable: its stats then hold the wall time only.
+        """
         ids = self._encode(prompt, max_new_tokens)
         inp = torch.tensor([ids], device=self.device)
         start = time.perf_counter()
         out = self.target.generate(inp, attention_mask=torch.ones_like(inp), do_sample=False,
-                                   max_new_tokens=max_new_tokens, pad_token_id=self._pad_id())
+                                   max_new_tokens=max_new_tokens, pad_token_id=self._pad_id(),
+                                   assistant_model=assistant)
         elapsed = time.perf_counter() - start
         new = out[0, len(ids):].tolist()
         finish: FinishReason = "eos" if new and new[-1] in self.eos_ids else "length"
-        stats = GenerationStats(steps=[StepStats(0, 0, 0, 1, 0, 0.0, 0.0, 0.0)] * len(new), total_s=elapsed)
+        steps = [] if assistant is not None else [StepStats(0, 0, 0, 1, 0, 0.0, 0.0, 0.0)] * len(new)
+        stats = GenerationStats(steps=steps, total_s=elapsed)
         return GenerationResult(self.tokenizer.decode(new, skip_special_tokens=True), new, ids, finish, stats)
 
     # -- stages ------------------------------------------------------------------------------------

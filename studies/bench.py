@@ -17,7 +17,7 @@ import torch
 import transformers
 from pydantic import BaseModel, ConfigDict, Field
 
-from decoder import GenerationResult, GenerationStats, TreeDecoder, TreewiseError
+from decoder import GenerationResult, TreeDecoder, TreewiseError
 
 from .paths import data_dir, default_pair
 from .suites import Prompt, load_suite
@@ -126,17 +126,8 @@ def hf_assisted_runner(dec: TreeDecoder, cfg: BenchConfig) -> Runner:
     gc.num_assistant_tokens_schedule = cfg.hf_schedule
     gc.assistant_confidence_threshold = cfg.hf_confidence_threshold
 
-    @torch.inference_mode()
     def run(p: Prompt) -> GenerationResult:
-        ids = dec.tokenizer(p.prompt).input_ids
-        inp = torch.tensor([ids], device=dec.device)
-        t0 = time.perf_counter()
-        out = dec.target.generate(inp, attention_mask=torch.ones_like(inp), assistant_model=dec.draft,
-                                  do_sample=False, max_new_tokens=cfg.max_new_tokens,
-                                  pad_token_id=dec._pad_id())
-        elapsed = time.perf_counter() - t0
-        new = out[0, len(ids):].tolist()
-        return GenerationResult("", new, ids, "length", GenerationStats(steps=[], total_s=elapsed))
+        return dec.generate_plain(p.prompt, cfg.max_new_tokens, assistant=dec.draft)
 
     return run
 
