@@ -99,6 +99,22 @@ def checks(domains: list[dict], target_tokens: int) -> list[str]:
     return out
 
 
+def train_rows(tr: list[dict], meta: dict) -> list[str]:
+    """One table row per trained model; a warm-started pair lists its earlier runs first ("target (run 1)")."""
+    history = meta.get("history", [])
+    run = len(history) // 2 + 1
+    rows = history + [{**r, "label": f"{r['stage']} (run {run})"} for r in tr] if history else tr
+    lines = []
+    for r in rows:
+        label, shape = r.get("label", r["stage"]), meta["shapes"][r["stage"]]
+        lines.append(
+            f"| {label} | {shape} | {r['params'] / 1e6:.2f}M | {r['steps']} | "
+            f"{r['tokens'] / 1e6:.2f}M | {r['seconds'] / 60:.1f} | {r['tokens'] / r['seconds']:,.0f} | "
+            f"{_f(r['final_loss'], 3)} |"
+        )
+    return lines
+
+
 def render_card(eval_json: Path, train_json: Path, meta_json: Path) -> str:
     ev = json.loads(eval_json.read_text())
     tr = json.loads(train_json.read_text())
@@ -126,12 +142,7 @@ def render_card(eval_json: Path, train_json: Path, meta_json: Path) -> str:
         "| model | shape | params | steps | tokens seen | minutes | tokens/s | final train cross-entropy (EMA 0.98) |",
         "|---|---|---|---|---|---|---|---|",
     ]
-    for r in tr:
-        lines.append(
-            f"| {r['stage']} | {meta['shapes'][r['stage']]} | {r['params'] / 1e6:.2f}M | {r['steps']} | "
-            f"{r['tokens'] / 1e6:.2f}M | {r['seconds'] / 60:.1f} | {r['tokens'] / r['seconds']:,.0f} | "
-            f"{_f(r['final_loss'], 3)} |"
-        )
+    lines += train_rows(tr, meta)
     lines += [
         "",
         f"Weights: bf16 safetensors, {ev['weights_bytes'] / 2**20:.1f} MiB in all; `config.json` says "

@@ -25,6 +25,12 @@ def train_pair_cmd(
     work: Path = typer.Option(_DEF.work, help="Corpus, tokenizer, token arrays and checkpoints (resumable)."),
     seed: int = typer.Option(_DEF.seed, help="Seed of corpus sampling and training."),
     chars_per_domain: int = typer.Option(_DEF.corpus.chars_per_domain, help="Corpus cap per domain."),
+    init_from: Path | None = typer.Option(
+        None, help="Warm start from an earlier run's target/ and draft/ (same tokenizer: copy its --work prep)."
+    ),
+    target_share: float = typer.Option(_DEF.target_share, help="Share of the minutes spent on the target."),
+    lr_target: float = typer.Option(_DEF.lr_target, help="Peak learning rate of the target."),
+    lr_draft: float = typer.Option(_DEF.lr_draft, help="Peak learning rate of the draft."),
 ) -> None:
     """Rebuild corpus, tokenizer, target and distilled draft from scratch (resumes from --work)."""
     cfg = _DEF.model_copy(
@@ -34,6 +40,10 @@ def train_pair_cmd(
             "out": out,
             "work": work,
             "seed": seed,
+            "init_from": init_from,
+            "target_share": target_share,
+            "lr_target": lr_target,
+            "lr_draft": lr_draft,
             "corpus": _DEF.corpus.model_copy(update={"chars_per_domain": chars_per_domain, "seed": seed}),
         }
     )

@@ -68,4 +68,11 @@ def card_meta(work: Path, command: str, demo: str) -> dict:
         "shape_search": json.loads(search.read_text()) if search.exists() else None,
         "demo": demo,
         "note": note,
+        "history": _history(work),
     }
+
+
+def _history(work: Path) -> list[dict]:
+    """Results of earlier runs this one warm-started from (train_meta.json's `history`), oldest first."""
+    meta = work / "train_meta.json"
+    return json.loads(meta.read_text()).get("history", []) if meta.exists() else []

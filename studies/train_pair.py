@@ -18,10 +18,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from pydantic import BaseModel
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
+from decoder.errors import TreewiseError
 from studies.corpus import DOMAINS, Corpus, CorpusConfig, build_corpus
 
 EOS = "<|endoftext|>"
@@ -56,6 +57,9 @@ class PairConfig(BaseModel):
     distill_weight: float = 0.7  # draft loss = w * KL(target || draft) + (1 - w) * cross-entropy
     checkpoint_every_s: float = 180.0
     corpus: CorpusConfig = CorpusConfig()
+    # Warm start: a folder with target/ and draft/ from an earlier run on the same tokenizer; each stage starts
+    # from those weights (with a fresh optimizer and schedule) unless `work` already holds its checkpoint.
+    init_from: Path | None = None
 
 
 @dataclass
@@ -187,6 +191,29 @@ def lr_at(frac: float, peak: float) -> float:
     return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, (frac - 0.03) / 0.97))))
 
 
+def load_init(model: LlamaForCausalLM, init: Path, tok: PreTrainedTokenizerFast) -> None:
+    """Copy an earlier run's exported weights into `model`; refuse folders from another tokenizer or shape."""
+    weights, tok_file = init / "model.safetensors", init / "tokenizer.json"
+    if not weights.exists() or not tok_file.exists():
+        raise TreewiseError(
+            f"--init-from: {init} has no model.safetensors/tokenizer.json; pass the folder that "
+            "holds target/ and draft/ as written by an earlier train-pair run"
+        )
+    if json.loads(tok_file.read_text())["model"]["vocab"] != tok.backend_tokenizer.get_vocab():
+        raise TreewiseError(
+            f"--init-from: {init} was trained with another tokenizer than {tok.name_or_path}; "
+            "use the --work folder of the run that produced it"
+        )
+    state = {k: v.float() for k, v in load_file(weights).items()}
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    if unexpected or [k for k in missing if k != "lm_head.weight"]:
+        raise TreewiseError(
+            f"--init-from: {init} holds another model shape (missing {missing[:3]}, "
+            f"unexpected {unexpected[:3]}); set the same layers/hidden as that run"
+        )
+    model.tie_weights()
+
+
 def train_stage(
     name: str,
     model: LlamaForCausalLM,
@@ -296,10 +323,14 @@ def train_pair(cfg: PairConfig, on_progress: Callback = lambda p: None) -> list[
     budget = cfg.minutes * 60
     results = []
     target = LlamaForCausalLM(llama_config(cfg.target, cfg, tok))
+    if cfg.init_from is not None and not (cfg.work / "target.pt").exists():
+        load_init(target, cfg.init_from / "target", tok)
     results.append(train_stage("target", target, cfg, tokens, budget * cfg.target_share, cfg.lr_target, on_progress))
     export_model(target, tok, cfg.out / "target")
     torch.manual_seed(cfg.seed + 1)
     draft = LlamaForCausalLM(llama_config(cfg.draft, cfg, tok))
+    if cfg.init_from is not None and not (cfg.work / "draft.pt").exists():
+        load_init(draft, cfg.init_from / "draft", tok)
     results.append(
         train_stage(
             "draft", draft, cfg, tokens, budget * (1 - cfg.target_share), cfg.lr_draft, on_progress, teacher=target

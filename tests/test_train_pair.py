@@ -1,0 +1,106 @@
+"""The pair recipe on a toy corpus: tokenizer, resumable training stage, HF export and warm start."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
+
+from decoder.errors import TreewiseError
+from studies.corpus import DOMAINS, Corpus
+from studies.train_pair import (
+    ModelShape,
+    PairConfig,
+    encode_docs,
+    export_model,
+    llama_config,
+    load_init,
+    train_stage,
+    train_tokenizer,
+)
+
+TINY = ModelShape(layers=1, hidden=32, heads=2, ffn=64)
+
+
+def _corpus(words: str) -> Corpus:
+    rng = np.random.default_rng(0)
+    vocab = words.split()
+    docs = {d: [" ".join(rng.choice(vocab, 60)) for _ in range(20)] for d in DOMAINS}
+    return Corpus(train=docs, valid={d: docs[d][:2] for d in DOMAINS})
+
+
+@pytest.fixture(scope="module")
+def toy(tmp_path_factory):
+    tok = train_tokenizer(_corpus("alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu"), 300)
+    tokens = {d: encode_docs(tok, docs) for d, docs in _corpus("alpha beta gamma delta epsilon").train.items()}
+    cfg = PairConfig(
+        work=tmp_path_factory.mktemp("work"),
+        window=16,
+        context=32,
+        batch=4,
+        long_every=3,
+        checkpoint_every_s=1e9,
+        target=TINY,
+        draft=TINY,
+    )
+    return tok, tokens, cfg
+
+
+def _model(cfg: PairConfig, tok, seed: int = 0) -> LlamaForCausalLM:
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(llama_config(cfg.target, cfg, tok))
+
+
+def test_stage_trains_and_resumes_from_its_checkpoint(toy):
+    tok, tokens, cfg = toy
+    quiet = lambda p: None  # noqa: E731
+    model = _model(cfg, tok)
+    first = train_stage("target", model, cfg, tokens, budget_s=1.5, peak_lr=3e-3, on_progress=quiet)
+    assert first.steps > 0 and (cfg.work / "target.pt").exists()
+    again = _model(cfg, tok, seed=1)  # other init: the checkpoint must overwrite it
+    same = train_stage("target", again, cfg, tokens, budget_s=1.5, peak_lr=3e-3, on_progress=quiet)
+    assert (same.steps, same.tokens) == (first.steps, first.tokens)  # budget spent: nothing more to do
+    for a, b in zip(model.parameters(), again.parameters(), strict=True):
+        torch.testing.assert_close(a, b)
+    more = train_stage("target", again, cfg, tokens, budget_s=3.0, peak_lr=3e-3, on_progress=quiet)
+    assert more.steps > first.steps and more.seconds >= 3.0  # the clock continues from 1.5 s
+    assert more.final_loss < np.log(len(tok))  # learned something on a 5-word language
+
+
+def test_export_loads_with_auto_classes_and_warm_start_restores_it(toy, tmp_path):
+    tok, tokens, cfg = toy
+    model = _model(cfg, tok, seed=3)
+    export_model(model, tok, tmp_path / "target")
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "target")
+    assert AutoTokenizer.from_pretrained(tmp_path / "target").get_vocab() == tok.get_vocab()
+    warm = _model(cfg, tok, seed=4)
+    load_init(warm, tmp_path / "target", tok)
+    ids = torch.tensor([tok.encode("alpha beta gamma delta")])
+    torch.testing.assert_close(warm(input_ids=ids).logits, loaded(input_ids=ids).logits)
+    assert warm.lm_head.weight.data_ptr() == warm.model.embed_tokens.weight.data_ptr()  # still tied
+
+
+def test_warm_start_refuses_other_tokenizer_shape_or_folder(toy, tmp_path):
+    tok, _, cfg = toy
+    export_model(_model(cfg, tok), tok, tmp_path / "ok")
+    other = train_tokenizer(_corpus("one two three four five six seven eight nine ten"), 280)
+    with pytest.raises(TreewiseError, match="another tokenizer"):
+        load_init(LlamaForCausalLM(llama_config(TINY, cfg, other)), tmp_path / "ok", other)
+    wider = cfg.model_copy(update={"target": ModelShape(layers=2, hidden=32, heads=2, ffn=64)})
+    with pytest.raises(TreewiseError, match="another model shape"):
+        load_init(LlamaForCausalLM(llama_config(wider.target, cfg, tok)), tmp_path / "ok", tok)
+    with pytest.raises(TreewiseError, match="--init-from"):
+        load_init(_model(cfg, tok), tmp_path / "missing", tok)
+
+
+def test_card_lists_every_run_of_a_warm_started_pair():
+    from studies.pair_card import train_rows
+
+    run = {"stage": "target", "steps": 10, "tokens": 1000, "seconds": 60.0, "final_loss": 3.0, "params": 10}
+    meta = {"shapes": {"target": "1 x 32", "draft": "1 x 16"}}
+    results = [run, {**run, "stage": "draft"}]
+    assert [r.split(" | ")[0] for r in train_rows(results, meta)] == ["| target", "| draft"]
+    meta["history"] = [{**r, "label": f"{r['stage']} (run 1)"} for r in results]
+    labels = [r.split(" | ")[0] for r in train_rows(results, meta)]
+    assert labels == ["| target (run 1)", "| draft (run 1)", "| target (run 2)", "| draft (run 2)"]
