@@ -107,10 +107,16 @@ def pair_report_cmd(
     (models / "README.md").write_text(
         render_card(work / "eval.json", work / "train_results.json", work / "card_meta.json")
     )
-    table = Table("domain", "target ppl", "draft ppl", "agreement", "repeated 4-grams")
+    table = Table("domain", "target ppl", "draft ppl", "agreement", "repeated 4-grams", "in text", "looping")
     for d in result.domains:
         table.add_row(
-            d.domain, f"{d.target_ppl:.2f}", f"{d.draft_ppl:.2f}", f"{d.agreement:.1%}", f"{d.repeated_4gram:.1%}"
+            d.domain,
+            f"{d.target_ppl:.2f}",
+            f"{d.draft_ppl:.2f}",
+            f"{d.agreement:.1%}",
+            f"{d.repeated_4gram:.1%}",
+            f"{d.reference_4gram:.1%}",
+            f"{d.looping:.0%}",
         )
     console.print(table)
     console.print(f"latency ms: {result.latency_ms}; card written to {models / 'README.md'}")

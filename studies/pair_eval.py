@@ -38,6 +38,8 @@ class DomainEval:
     draft_ppl: float
     agreement: float  # teacher-forced argmax agreement of draft and target on held-out text
     repeated_4gram: float  # share of 4-grams in target greedy outputs that repeat an earlier one
+    reference_4gram: float = float("nan")  # the same share in held-out text of the same length (natural level)
+    looping: float = float("nan")  # share of greedy outputs that end in a loop (see ends_in_loop)
     sample_prompt: str = ""
     sample_output: str = ""
 
@@ -78,6 +80,17 @@ def ppl_and_agreement(
 def repeated_ngram_fraction(ids: list[int], n: int = 4) -> float:
     grams = [tuple(ids[i : i + n]) for i in range(len(ids) - n + 1)]
     return 1 - len(set(grams)) / len(grams) if grams else 0.0
+
+
+def ends_in_loop(ids: list[int], tail: int = 32, max_period: int = 16) -> bool:
+    """True when the last `tail` tokens repeat with a period of at most `max_period` (an endless loop).
+
+    Outputs shorter than `tail` stopped on their own (EOS) and do not count as loops.
+    """
+    if len(ids) < tail + max_period:
+        return False
+    end = ids[-tail:]
+    return any(end == ids[-tail - p : len(ids) - p] for p in range(1, max_period + 1))
 
 
 @torch.inference_mode()
@@ -128,8 +141,12 @@ def evaluate_pair(cfg: EvalConfig) -> PairEval:
         mine = [p for p in tests if p.domain == domain][: cfg.gen_prompts]
         outs = [greedy(target, tok, p.prompt, cfg.gen_tokens) for p in mine]
         rep = float(np.mean([repeated_ngram_fraction(o) for o in outs])) if outs else 0.0
+        ref = float(np.mean([repeated_ngram_fraction(w[: cfg.gen_tokens].tolist()) for w in windows]))
+        loops = float(np.mean([ends_in_loop(o) for o in outs])) if outs else 0.0
         sample = tok.decode(outs[0], skip_special_tokens=True) if outs else ""
-        result.domains.append(DomainEval(domain, pt, pd, agree, rep, mine[0].prompt if mine else "", sample))
+        result.domains.append(
+            DomainEval(domain, pt, pd, agree, rep, ref, loops, mine[0].prompt if mine else "", sample)
+        )
     result.latency_ms = {"target": forward_latency_ms(target), "draft": forward_latency_ms(draft)}
     result.load_average = [round(x, 2) for x in os.getloadavg()]
     result.seconds = time.perf_counter() - start

@@ -104,3 +104,19 @@ def test_card_lists_every_run_of_a_warm_started_pair():
     meta["history"] = [{**r, "label": f"{r['stage']} (run 1)"} for r in results]
     labels = [r.split(" | ")[0] for r in train_rows(results, meta)]
     assert labels == ["| target (run 1)", "| draft (run 1)", "| target (run 2)", "| draft (run 2)"]
+
+
+def test_loop_detector_and_card_verdict():
+    from studies.pair_card import checks
+    from studies.pair_eval import ends_in_loop, repeated_ngram_fraction
+
+    rng = np.random.default_rng(0)
+    varied = rng.integers(0, 5000, 96).tolist()
+    looped = varied[:40] + [7, 8, 9, 10, 11] * 12
+    assert not ends_in_loop(varied) and ends_in_loop(looped)
+    assert not ends_in_loop([1, 2] * 10)  # too short: it stopped at EOS, not stuck
+    assert repeated_ngram_fraction(looped) > 0.5 > repeated_ngram_fraction(varied)
+    row = {"domain": "code", "target_ppl": 9.0, "draft_ppl": 12.0, "repeated_4gram": 0.3, "reference_4gram": 0.2}
+    assert "Not met" not in " ".join(checks([{**row, "looping": 0.0}], 10**6))
+    assert "Not met" in " ".join(checks([{**row, "looping": 0.5}], 10**6))
+    assert "Not met" in " ".join(checks([{**row, "repeated_4gram": 0.6, "looping": 0.0}], 10**6))
