@@ -4,22 +4,36 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 
-def write_bytes_atomic(path: str | Path, data: bytes, mode: int = 0o644) -> Path:
-    """Write ``data`` to ``path`` atomically; ``mode`` because mkstemp files are owner-only."""
+@contextmanager
+def atomic_path(path: str | Path, mode: int = 0o644) -> Iterator[Path]:
+    """Yield a temp path next to ``path`` for any writer; on success fsync it and rename it onto ``path``.
+
+    On error the temp file is removed and ``path`` keeps its old content. ``mode`` because mkstemp files are
+    owner-only. Temp names end in ``.tmp`` so folder scans can skip them.
+    """
     file = Path(path)
     file.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{file.name}.", suffix=".tmp", dir=file.parent)
+    fd, name = tempfile.mkstemp(prefix=f".{file.name}.", suffix=".tmp", dir=file.parent)
+    os.close(fd)
+    tmp = Path(name)
     try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
+        yield tmp
+        with open(tmp, "rb") as handle:
             os.fsync(handle.fileno())
         os.chmod(tmp, mode)
         os.replace(tmp, file)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
-    return file
+
+
+def write_bytes_atomic(path: str | Path, data: bytes, mode: int = 0o644) -> Path:
+    """Write ``data`` to ``path`` atomically."""
+    with atomic_path(path, mode) as tmp:
+        tmp.write_bytes(data)
+    return Path(path)

@@ -7,7 +7,6 @@ with ``treewise.schema_version`` in the file metadata.
 
 from __future__ import annotations
 
-import os
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -16,6 +15,8 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+from decoder.atomic import atomic_path
 
 SCHEMA_VERSION = "1"
 METADATA_KEY = b"treewise.schema_version"
@@ -136,15 +137,10 @@ def _to_table(steps: list[dict[str, np.ndarray]]) -> pa.Table:
 
 
 def write_atomic(tables: Iterable[pa.Table], path: Path) -> None:
-    """Write tables as row groups of one parquet file: temp file, fsync, rename."""
-    path = Path(path)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    with pq.ParquetWriter(tmp, SCHEMA) as writer:
+    """Write tables as row groups of one parquet file, atomically."""
+    with atomic_path(path) as tmp, pq.ParquetWriter(tmp, SCHEMA) as writer:
         for table in tables:
             writer.write_table(table)
-    with open(tmp, "rb") as fh:
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
 
 
 def read_node_logs(path: str | Path) -> pa.Table:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +26,7 @@ import pyarrow.parquet as pq
 from pydantic import BaseModel, ValidationError
 
 from decoder import SCHEMA, TreewiseError, read_node_logs
+from decoder.atomic import atomic_path, write_bytes_atomic
 
 
 class RunError(TreewiseError):
@@ -91,38 +91,41 @@ class RunManifest(BaseModel):
     created: str
 
     def must_match(self, other: RunManifest, run_dir: Path) -> None:
-        keys = ("tree", "temperature", "max_new_tokens", "seed", "split", "domains", "shards",
-                "suite_fingerprint", "target", "draft", "target_fingerprint", "draft_fingerprint",
-                "node_schema_version")
-        diffs = [f"{k}: run has {getattr(self, k)!r}, asked {getattr(other, k)!r}"
-                 for k in keys if getattr(self, k) != getattr(other, k)]
+        keys = (
+            "tree",
+            "temperature",
+            "max_new_tokens",
+            "seed",
+            "split",
+            "domains",
+            "shards",
+            "suite_fingerprint",
+            "target",
+            "draft",
+            "target_fingerprint",
+            "draft_fingerprint",
+            "node_schema_version",
+        )
+        diffs = [
+            f"{k}: run has {getattr(self, k)!r}, asked {getattr(other, k)!r}"
+            for k in keys
+            if getattr(self, k) != getattr(other, k)
+        ]
         if diffs:
-            raise RunError(f"{run_dir} was collected with other settings ({'; '.join(diffs)}): "
-                           "pass the run's settings to resume it, or a new --out folder")
-
-
-def write_atomic_bytes(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+            raise RunError(
+                f"{run_dir} was collected with other settings ({'; '.join(diffs)}): "
+                "pass the run's settings to resume it, or a new --out folder"
+            )
 
 
 def write_json_atomic(path: Path, obj: BaseModel | dict[str, Any]) -> None:
     text = obj.model_dump_json(indent=1) if isinstance(obj, BaseModel) else json.dumps(obj, indent=1)
-    write_atomic_bytes(path, text.encode())
+    write_bytes_atomic(path, text.encode())
 
 
 def write_table_atomic(path: Path, table: pa.Table) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    pq.write_table(table, tmp)
-    with open(tmp, "rb") as fh:
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    with atomic_path(path) as tmp:
+        pq.write_table(table, tmp)
 
 
 def safe_name(prompt_id: str) -> str:
@@ -161,8 +164,9 @@ def read_record(path: Path) -> PromptRecord:
     try:
         return PromptRecord.model_validate_json(path.read_text(encoding="utf-8"))
     except (OSError, ValidationError) as err:
-        raise RunError(f"{path}: unreadable prompt record ({str(err).splitlines()[0]}); delete it to "
-                       "re-collect that prompt") from None
+        raise RunError(
+            f"{path}: unreadable prompt record ({str(err).splitlines()[0]}); delete it to re-collect that prompt"
+        ) from None
 
 
 def read_records(records_dir: Path) -> list[PromptRecord]:
@@ -244,19 +248,21 @@ def load_run(run_dir: str | Path) -> RunData:
     run_dir = Path(run_dir)
     manifest = read_manifest(run_dir)
     if manifest is None:
-        raise RunError(f"{run_dir} is not a collect run (no manifest.json): run `treewise collect --out "
-                       f"{run_dir}` first")
+        raise RunError(
+            f"{run_dir} is not a collect run (no manifest.json): run `treewise collect --out {run_dir}` first"
+        )
     shard_dirs = sorted(p for p in (run_dir / "records").glob("shard-*") if p.is_dir())
     records = [r for d in shard_dirs for r in read_records(d)]
     ids = [r.prompt_id for r in records]
     if len(ids) != len(set(ids)):
         dup = sorted({i for i in ids if ids.count(i) > 1})[:5]
-        raise RunError(f"{run_dir}: prompts recorded by more than one shard ({dup}); shards of one run must "
-                       "use the same --shard N")
+        raise RunError(
+            f"{run_dir}: prompts recorded by more than one shard ({dup}); shards of one run must use the same --shard N"
+        )
     if not records:
         raise RunError(f"{run_dir}: no finished prompts yet; run `treewise collect --out {run_dir}`")
     tables = [read_node_logs(run_dir / r.node_file) for r in records if r.node_file]
     nodes = pa.concat_tables(tables) if tables else SCHEMA.empty_table()
-    return RunData(run_dir, manifest, nodes, steps_table(records), prompts_table(records), records,
-                   [d.name for d in shard_dirs])
-
+    return RunData(
+        run_dir, manifest, nodes, steps_table(records), prompts_table(records), records, [d.name for d in shard_dirs]
+    )

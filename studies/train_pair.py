@@ -22,6 +22,7 @@ from safetensors.torch import load_file, save_file
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
+from decoder.atomic import atomic_path
 from decoder.errors import TreewiseError
 from studies.corpus import DOMAINS, Corpus, CorpusConfig, build_corpus
 
@@ -277,9 +278,8 @@ def train_stage(
 
 
 def _checkpoint(path: Path, model: torch.nn.Module, opt: torch.optim.Optimizer, state: dict) -> None:
-    tmp = path.with_suffix(".tmp")
-    torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "state": state}, tmp)
-    tmp.replace(path)
+    with atomic_path(path) as tmp:
+        torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "state": state}, tmp)
 
 
 def export_model(model: LlamaForCausalLM, tok: PreTrainedTokenizerFast, folder: Path) -> None:
