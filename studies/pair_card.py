@@ -145,8 +145,8 @@ def render_card(eval_json: Path, train_json: Path, meta_json: Path) -> str:
         meta["report_command"],
         "```",
         "",
-        f"Seed {meta['seed']}. Trained on {meta['machine']} with {meta['threads']} torch threads "
-        f"(no GPU), started {meta['started']}; corpus + tokenizer took {meta['prep_minutes']:.1f} min."
+        f"Seed {meta['seed']}. Trained on {meta['machine']} with {meta['threads']} torch threads, "
+        f"started {meta['started']}; corpus + tokenizer took {meta['prep_minutes']:.1f} min."
         + (f" Run history: {meta['note']}." if meta.get("note") else ""),
         "",
         "## Models",

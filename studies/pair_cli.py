@@ -6,16 +6,24 @@ import json
 from pathlib import Path
 
 import typer
+from pydantic import ValidationError
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
 from studies.pair_eval import EvalConfig, evaluate_pair, save_eval
 from studies.pair_meta import card_meta, demo_text
-from studies.train_pair import PairConfig, TrainProgress, train_pair
+from studies.train_pair import ModelShape, PairConfig, TrainProgress, train_pair
 
 _DEF = PairConfig()
 console = Console()
+
+
+def _shape(layers: int, hidden: int, heads: int, ffn: int) -> ModelShape:
+    try:
+        return ModelShape(layers=layers, hidden=hidden, heads=heads, ffn=ffn)
+    except ValidationError as exc:
+        raise typer.BadParameter(f"target shape: {exc.errors()[0]['msg']}") from None
 
 
 def train_pair_cmd(
@@ -31,6 +39,11 @@ def train_pair_cmd(
     target_share: float = typer.Option(_DEF.target_share, help="Share of the minutes spent on the target."),
     lr_target: float = typer.Option(_DEF.lr_target, help="Peak learning rate of the target."),
     lr_draft: float = typer.Option(_DEF.lr_draft, help="Peak learning rate of the draft."),
+    device: str = typer.Option(_DEF.device, help="auto (CUDA when present, else CPU), cpu, or cuda[:N]."),
+    target_layers: int = typer.Option(_DEF.target.layers, help="Target depth (a GPU affords more)."),
+    target_hidden: int = typer.Option(_DEF.target.hidden, help="Target width."),
+    target_heads: int = typer.Option(_DEF.target.heads, help="Target attention heads (divide the width)."),
+    target_ffn: int = typer.Option(_DEF.target.ffn, help="Target MLP width."),
 ) -> None:
     """Rebuild corpus, tokenizer, target and distilled draft from scratch (resumes from --work)."""
     cfg = _DEF.model_copy(
@@ -44,6 +57,8 @@ def train_pair_cmd(
             "target_share": target_share,
             "lr_target": lr_target,
             "lr_draft": lr_draft,
+            "device": device,
+            "target": _shape(target_layers, target_hidden, target_heads, target_ffn),
             "corpus": _DEF.corpus.model_copy(update={"chars_per_domain": chars_per_domain, "seed": seed}),
         }
     )

@@ -41,7 +41,7 @@ def _started(work: Path) -> tuple[str, float, str]:
 
 
 def card_meta(work: Path, command: str, demo: str) -> dict:
-    cfg = PairConfig()
+    cfg = _run_config(work)
     started, prep, note = _started(work)
     shapes = {
         name: f"{s.layers} layers x {s.hidden}, {s.heads} heads, ffn {s.ffn}"
@@ -56,7 +56,7 @@ def card_meta(work: Path, command: str, demo: str) -> dict:
         "threads": cfg.threads,
         "started": started,
         "prep_minutes": prep,
-        "machine": f"this 2-core CPU ({platform.machine()}, {platform.processor() or 'cpu'})",
+        "machine": _machine(work),
         "shapes": shapes,
         "vocab": cfg.vocab_size,
         "context": cfg.context,
@@ -70,6 +70,20 @@ def card_meta(work: Path, command: str, demo: str) -> dict:
         "note": note,
         "history": _history(work),
     }
+
+
+def _run_config(work: Path) -> PairConfig:
+    """The settings the run under `work` was started with (shapes, seed, ...), else the defaults."""
+    meta = work / "train_meta.json"
+    if meta.exists():
+        return PairConfig.model_validate(json.loads(meta.read_text())["config"])
+    return PairConfig()
+
+
+def _machine(work: Path) -> str:
+    meta = work / "train_meta.json"
+    device = json.loads(meta.read_text()).get("device") if meta.exists() else None
+    return device or f"this 2-core CPU ({platform.machine()}, {platform.processor() or 'cpu'})"
 
 
 def _history(work: Path) -> list[dict]:

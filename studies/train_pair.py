@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -17,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
-from pydantic import BaseModel
+from pydantic import BaseModel, Field, model_validator
 from safetensors.torch import load_file, save_file
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
@@ -31,10 +32,16 @@ PAD = "<pad>"
 
 
 class ModelShape(BaseModel):
-    layers: int
-    hidden: int
-    heads: int
-    ffn: int
+    layers: int = Field(ge=1)
+    hidden: int = Field(ge=8)
+    heads: int = Field(ge=1)
+    ffn: int = Field(ge=8)
+
+    @model_validator(mode="after")
+    def _heads_divide_width(self) -> ModelShape:
+        if self.hidden % self.heads or (self.hidden // self.heads) % 2:
+            raise ValueError(f"hidden {self.hidden} must split into {self.heads} heads of an even size (RoPE)")
+        return self
 
 
 class PairConfig(BaseModel):
@@ -61,6 +68,22 @@ class PairConfig(BaseModel):
     # Warm start: a folder with target/ and draft/ from an earlier run on the same tokenizer; each stage starts
     # from those weights (with a fresh optimizer and schedule) unless `work` already holds its checkpoint.
     init_from: Path | None = None
+    device: str = "auto"  # "auto": CUDA when present (a larger pair fits a GPU's budget), else the CPU
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise TreewiseError(f"--device {name}: no CUDA device here; use --device cpu or auto")
+    return torch.device(name)
+
+
+def device_label(device: torch.device, threads: int) -> str:
+    """Where the weights were trained, for the model card."""
+    if device.type == "cuda":
+        return f"GPU {torch.cuda.get_device_name(device)}"
+    return f"CPU ({os.cpu_count()} cores, {threads} torch threads)"
 
 
 @dataclass
@@ -227,10 +250,11 @@ def train_stage(
 ) -> StageResult:
     """Train until the stage's time budget is spent, resuming from work/<name>.pt when it exists."""
     ckpt_path = cfg.work / f"{name}.pt"
+    device = next(model.parameters()).device
     opt = torch.optim.AdamW(model.parameters(), lr=peak_lr, betas=(0.9, 0.95), weight_decay=0.1)
     state = {"step": 0, "tokens": 0, "elapsed": 0.0, "loss": float("nan")}
     if ckpt_path.exists():
-        ckpt = torch.load(ckpt_path, weights_only=False)
+        ckpt = torch.load(ckpt_path, weights_only=False, map_location=device)
         model.load_state_dict(ckpt["model"])
         opt.load_state_dict(ckpt["opt"])
         state = ckpt["state"]
@@ -243,6 +267,7 @@ def train_stage(
             group["lr"] = lr_at(state["elapsed"] / budget_s, peak_lr)
         long = state["step"] % cfg.long_every == 0
         batch = sample_batch(tokens, cfg.batch // 4 if long else cfg.batch, cfg.context if long else cfg.window, rng)
+        batch = batch.to(device)
         logits = model(input_ids=batch[:, :-1]).logits.float()
         loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), batch[:, 1:].reshape(-1))
         if teacher is not None:
@@ -296,7 +321,9 @@ def export_model(model: LlamaForCausalLM, tok: PreTrainedTokenizerFast, folder: 
         max_new_tokens=128,
     ).save_pretrained(folder)
     weights = {
-        k: v.detach().to(torch.bfloat16).contiguous() for k, v in model.state_dict().items() if k != "lm_head.weight"
+        k: v.detach().to("cpu", torch.bfloat16).contiguous()
+        for k, v in model.state_dict().items()
+        if k != "lm_head.weight"
     }  # tied to the embedding
     save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
     tok.save_pretrained(folder)
@@ -306,6 +333,7 @@ def train_pair(cfg: PairConfig, on_progress: Callback = lambda p: None) -> list[
     """The whole recipe; returns one result per trained model and writes cfg.out/{target,draft}."""
     torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
+    device = resolve_device(cfg.device)
     cfg.work.mkdir(parents=True, exist_ok=True)
     started = time.time()
     corpus = ensure_corpus(cfg)
@@ -318,6 +346,7 @@ def train_pair(cfg: PairConfig, on_progress: Callback = lambda p: None) -> list[
             "prep_minutes": (time.time() - started) / 60,
             "config": json.loads(cfg.model_dump_json()),
             "train_tokens": {d: int(len(a)) for d, a in tokens.items()},
+            "device": device_label(device, cfg.threads),
         }
         meta_path.write_text(json.dumps(meta, indent=2))
     budget = cfg.minutes * 60
@@ -325,12 +354,14 @@ def train_pair(cfg: PairConfig, on_progress: Callback = lambda p: None) -> list[
     target = LlamaForCausalLM(llama_config(cfg.target, cfg, tok))
     if cfg.init_from is not None and not (cfg.work / "target.pt").exists():
         load_init(target, cfg.init_from / "target", tok)
+    target.to(device)
     results.append(train_stage("target", target, cfg, tokens, budget * cfg.target_share, cfg.lr_target, on_progress))
     export_model(target, tok, cfg.out / "target")
     torch.manual_seed(cfg.seed + 1)
     draft = LlamaForCausalLM(llama_config(cfg.draft, cfg, tok))
     if cfg.init_from is not None and not (cfg.work / "draft.pt").exists():
         load_init(draft, cfg.init_from / "draft", tok)
+    draft.to(device)
     results.append(
         train_stage(
             "draft", draft, cfg, tokens, budget * (1 - cfg.target_share), cfg.lr_draft, on_progress, teacher=target

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -120,3 +122,40 @@ def test_loop_detector_and_card_verdict():
     assert "Not met" not in " ".join(checks([{**row, "looping": 0.0}], 10**6))
     assert "Not met" in " ".join(checks([{**row, "looping": 0.5}], 10**6))
     assert "Not met" in " ".join(checks([{**row, "repeated_4gram": 0.6, "looping": 0.0}], 10**6))
+
+
+def test_whole_recipe_on_a_toy_corpus_then_warm_start(tmp_path):
+    from studies.train_pair import resolve_device, save_corpus, train_pair
+
+    work, out = tmp_path / "work", tmp_path / "out"
+    work.mkdir()
+    save_corpus(_corpus("alpha beta gamma delta epsilon zeta eta theta"), work)  # skips the Debian sources
+    cfg = PairConfig(
+        minutes=0.04,
+        work=work,
+        out=out,
+        vocab_size=300,
+        window=16,
+        context=32,
+        batch=4,
+        target=TINY,
+        draft=ModelShape(layers=1, hidden=16, heads=2, ffn=32),
+        device="cpu",
+    )
+    results = train_pair(cfg)
+    assert [r.stage for r in results] == ["target", "draft"] and all(r.steps > 0 for r in results)
+    for name in ("target", "draft"):
+        AutoModelForCausalLM.from_pretrained(out / name)
+    meta = json.loads((work / "train_meta.json").read_text())
+    assert meta["device"].startswith("CPU") and meta["config"]["target"]["hidden"] == TINY.hidden
+    again = cfg.model_copy(update={"work": tmp_path / "work2", "init_from": out, "out": tmp_path / "out2"})
+    again.work.mkdir()
+    for f in ("corpus_train.jsonl", "corpus_valid.jsonl"):
+        (again.work / f).write_bytes((work / f).read_bytes())
+    (again.work / "tokenizer").mkdir()
+    for f in (work / "tokenizer").iterdir():
+        (again.work / "tokenizer" / f.name).write_bytes(f.read_bytes())
+    assert all(r.steps > 0 for r in train_pair(again))  # warm-started from the first run's export
+    if not torch.cuda.is_available():
+        with pytest.raises(TreewiseError, match="no CUDA"):
+            resolve_device("cuda")
