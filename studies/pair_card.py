@@ -80,7 +80,7 @@ def _f(x: float, nd: int = 2) -> str:
     return f"{x:.{nd}f}"
 
 
-def checks(domains: list[dict], target_tokens: int) -> list[str]:
+def checks(domains: list[dict], target_tokens: int, machine: str) -> list[str]:
     """The issue's acceptance checks, stated from the measured rows."""
     low = min(domains, key=lambda d: d["target_ppl"])
     weaker = all(d["draft_ppl"] > d["target_ppl"] for d in domains)
@@ -100,7 +100,7 @@ def checks(domains: list[dict], target_tokens: int) -> list[str]:
                 "of outputs end in a loop)"
                 for d in bad
             )
-            + f". The target saw {target_tokens / 1e6:.1f}M tokens on a 2-core CPU: it is undertrained, and a "
+            + f". The target saw {target_tokens / 1e6:.1f}M tokens on {machine}: it is undertrained, and a "
             "longer run (warm-started with --init-from) is the fix."
         )
     else:
@@ -213,7 +213,7 @@ def render_card(eval_json: Path, train_json: Path, meta_json: Path) -> str:
             f"| {_f(d.get('looping', float('nan')) * 100, 0)}% |"
         )
     seen = sum(r["tokens"] for r in meta.get("history", []) + tr if r["stage"] == "target")
-    lines += ["", *checks(ev["domains"], seen)]
+    lines += ["", *checks(ev["domains"], seen, meta["machine"])]
     lines += ["", "## Samples (target, greedy, first test prompt per domain)", ""]
     for d in ev["domains"]:
         lines += [

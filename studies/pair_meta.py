@@ -27,12 +27,10 @@ def demo_text(rows: list) -> str:  # rows: list[studies.pair_demo.DemoRow]
     return "\n".join(lines)
 
 
-def _started(work: Path) -> tuple[str, float, str]:
-    """Start time and corpus+tokenizer minutes, from train_meta.json or else from file times."""
-    meta = work / "train_meta.json"
-    if meta.exists():
-        m = json.loads(meta.read_text())
-        return m["started"], m["prep_minutes"], m.get("note", "")
+def _started(work: Path, run: dict) -> tuple[str, float, str]:
+    """Start time and corpus+tokenizer minutes, from train_meta.json (`run`) or else from file times."""
+    if run:
+        return run["started"], run["prep_minutes"], run.get("note", "")
     t0 = (work / "corpus_train.jsonl").stat().st_mtime
     t1 = (work / "tokens.npz").stat().st_mtime
     start = (work / "train.log").stat().st_ctime if (work / "train.log").exists() else t0
@@ -41,8 +39,10 @@ def _started(work: Path) -> tuple[str, float, str]:
 
 
 def card_meta(work: Path, command: str, demo: str) -> dict:
-    cfg = _run_config(work)
-    started, prep, note = _started(work)
+    path = work / "train_meta.json"
+    run = json.loads(path.read_text()) if path.exists() else {}  # the run's own settings, device and history
+    cfg = PairConfig.model_validate(run["config"]) if run else PairConfig()
+    started, prep, note = _started(work, run)
     shapes = {
         name: f"{s.layers} layers x {s.hidden}, {s.heads} heads, ffn {s.ffn}"
         for name, s in (("target", cfg.target), ("draft", cfg.draft))
@@ -56,7 +56,7 @@ def card_meta(work: Path, command: str, demo: str) -> dict:
         "threads": cfg.threads,
         "started": started,
         "prep_minutes": prep,
-        "machine": _machine(work),
+        "machine": run.get("device") or f"this 2-core CPU ({platform.machine()}, {platform.processor() or 'cpu'})",
         "shapes": shapes,
         "vocab": cfg.vocab_size,
         "context": cfg.context,
@@ -68,25 +68,5 @@ def card_meta(work: Path, command: str, demo: str) -> dict:
         "shape_search": json.loads(search.read_text()) if search.exists() else None,
         "demo": demo,
         "note": note,
-        "history": _history(work),
+        "history": run.get("history", []),  # results of earlier runs this one warm-started from
     }
-
-
-def _run_config(work: Path) -> PairConfig:
-    """The settings the run under `work` was started with (shapes, seed, ...), else the defaults."""
-    meta = work / "train_meta.json"
-    if meta.exists():
-        return PairConfig.model_validate(json.loads(meta.read_text())["config"])
-    return PairConfig()
-
-
-def _machine(work: Path) -> str:
-    meta = work / "train_meta.json"
-    device = json.loads(meta.read_text()).get("device") if meta.exists() else None
-    return device or f"this 2-core CPU ({platform.machine()}, {platform.processor() or 'cpu'})"
-
-
-def _history(work: Path) -> list[dict]:
-    """Results of earlier runs this one warm-started from (train_meta.json's `history`), oldest first."""
-    meta = work / "train_meta.json"
-    return json.loads(meta.read_text()).get("history", []) if meta.exists() else []

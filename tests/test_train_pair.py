@@ -119,9 +119,9 @@ def test_loop_detector_and_card_verdict():
     assert not ends_in_loop([1, 2] * 10)  # too short: it stopped at EOS, not stuck
     assert repeated_ngram_fraction(looped) > 0.5 > repeated_ngram_fraction(varied)
     row = {"domain": "code", "target_ppl": 9.0, "draft_ppl": 12.0, "repeated_4gram": 0.3, "reference_4gram": 0.2}
-    assert "Not met" not in " ".join(checks([{**row, "looping": 0.0}], 10**6))
-    assert "Not met" in " ".join(checks([{**row, "looping": 0.5}], 10**6))
-    assert "Not met" in " ".join(checks([{**row, "repeated_4gram": 0.6, "looping": 0.0}], 10**6))
+    assert "Not met" not in " ".join(checks([{**row, "looping": 0.0}], 10**6, "a CPU"))
+    assert "Not met" in " ".join(checks([{**row, "looping": 0.5}], 10**6, "a CPU"))
+    assert "Not met" in " ".join(checks([{**row, "repeated_4gram": 0.6, "looping": 0.0}], 10**6, "a CPU"))
 
 
 def test_whole_recipe_on_a_toy_corpus_then_warm_start(tmp_path):
