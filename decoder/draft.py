@@ -9,8 +9,9 @@ import numpy as np
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
+from .capability import FULL, AttentionLayout
 from .policy import Candidates, Frontier, LevelPlan, TreePolicy
-from .tree import DraftTree, tree_attention_mask
+from .tree import DraftTree
 from .verify import DraftMode, Sampling
 
 
@@ -79,8 +80,9 @@ class _Drafter:
 
     def __init__(self, model: PreTrainedModel, cache: DynamicCache, seq: torch.Tensor, policy: TreePolicy,
                  ctx: DraftContext, sampling: Sampling, mode: DraftMode, vocab: int,
-                 gen: torch.Generator | None) -> None:
+                 gen: torch.Generator | None, layout: AttentionLayout) -> None:
         self.model, self.cache, self.seq, self.policy, self.ctx = model, cache, seq, policy, ctx
+        self.layout = layout
         self.sampling, self.mode, self.vocab, self.gen = sampling, mode, vocab, gen
         self.device = seq.device
         self.dtype = next(model.parameters()).dtype
@@ -88,6 +90,7 @@ class _Drafter:
         self.levels: list[dict[str, torch.Tensor]] = []
         self.cand_probs: dict[int, torch.Tensor] = {}  # candidate index (-1 = root) -> draft distribution
         self.fed_anc = torch.zeros(0, 0, dtype=torch.bool)  # [F, F] ancestry among fed slots
+        self.fed_pos = torch.zeros(0, dtype=torch.long, device=self.device)  # [F] position id of each fed slot
         self.n_kept = self.offset = 0
         self.forward_s = self.policy_s = 0.0
         self.forwards = 0
@@ -171,9 +174,10 @@ class _Drafter:
         anc[has_parent, :f_prev] = self.fed_anc[parent_slot[has_parent]]
         anc[:, f_prev:] = torch.eye(e, dtype=torch.bool)
         self.fed_anc = torch.cat([torch.cat([self.fed_anc, torch.zeros(f_prev, e, dtype=torch.bool)], 1), anc])
-        mask = tree_attention_mask(anc.to(self.device), self.committed, self.dtype)
-        pos = torch.full((1, e), self.seq.numel() - 1 + depth, device=self.device)
-        probs = self._forward(input_ids=level["tokens"][rows].to(self.device)[None], position_ids=pos,
+        pos = torch.full((e,), self.seq.numel() - 1 + depth, device=self.device)
+        self.fed_pos = torch.cat([self.fed_pos, pos])
+        mask = self.layout.mask(anc.to(self.device), self.committed, self.fed_pos, self.dtype)
+        probs = self._forward(input_ids=level["tokens"][rows].to(self.device)[None], position_ids=pos[None],
                               attention_mask=mask)  # [e, V]
         slots = torch.arange(f_prev, f_prev + e)
         level["fed_slot"][rows] = slots
@@ -216,9 +220,13 @@ class _Drafter:
 
 def draft_tree(model: PreTrainedModel, cache: DynamicCache, seq: torch.Tensor, policy: TreePolicy,
                ctx: DraftContext, sampling: Sampling, mode: DraftMode, vocab: int,
-               gen: torch.Generator | None = None) -> DraftResult:
-    """Catch the draft cache up with ``seq`` (root = seq[-1]) and draft one tree under ``policy``."""
-    return _Drafter(model, cache, seq, policy, ctx, sampling, mode, vocab, gen).run()
+               gen: torch.Generator | None = None, layout: AttentionLayout | None = None) -> DraftResult:
+    """Catch the draft cache up with ``seq`` (root = seq[-1]) and draft one tree under ``policy``.
+
+    ``layout`` gives the draft's attention kinds (``capability.attention_layout``); None means all full.
+    """
+    layout = layout if layout is not None else AttentionLayout((FULL,), None)
+    return _Drafter(model, cache, seq, policy, ctx, sampling, mode, vocab, gen, layout).run()
 
 
 def _fit_vocab(logits: torch.Tensor, vocab: int) -> torch.Tensor:

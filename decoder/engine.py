@@ -11,6 +11,7 @@ import torch
 from pydantic import BaseModel, ConfigDict
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
+from .capability import attention_layout
 from .draft import DraftContext, DraftResult, draft_tree
 from .errors import TreewiseError
 from .kvcache import keep_rows
@@ -20,7 +21,7 @@ from .nodelog import NodeLogWriter
 from .policy import RequestInfo, StaticTree, StepOutcome, TreePolicy
 from .results import FinishReason, GenerationResult, GenerationStats, StepStats
 from .tokentypes import token_type_table
-from .tree import DraftTree, chain_then_tree, tree_attention_mask
+from .tree import DraftTree, chain_then_tree
 from .verify import Acceptance, DraftMode, Sampling, Verifier, VerifyInput, verify
 
 
@@ -78,8 +79,11 @@ class TreeDecoder:
     """Lossless tree speculative decoding for a target/draft pair of Hugging Face causal LMs."""
 
     def __init__(self, target: PreTrainedModel, draft: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
-                 verifier: Verifier = verify) -> None:
+                 verifier: Verifier = verify, allow_unverified: bool = False) -> None:
         check_pair(target, draft)
+        # Refuse what cannot be decoded exactly (recurrent state, flash kernels, ...) before any decoding.
+        self.target_layout = attention_layout(target, allow_unverified)
+        self.draft_layout = attention_layout(draft, allow_unverified)
         self.target, self.draft, self.tokenizer = target.eval(), draft.eval(), tokenizer
         self.verifier = verifier
         self.device = next(target.parameters()).device
@@ -91,10 +95,11 @@ class TreeDecoder:
 
     @classmethod
     def from_pretrained(cls, target: str | Path, draft: str | Path, device: str | None = None,
-                        dtype: str | torch.dtype | None = None, trust_remote_code: bool = False) -> TreeDecoder:
+                        dtype: str | torch.dtype | None = None, trust_remote_code: bool = False,
+                        allow_unverified: bool = False) -> TreeDecoder:
         """Load both models and the shared tokenizer (CUDA + bf16 when present, else CPU + float32)."""
         t, d, tok = load_pair(target, draft, device=device, dtype=dtype, trust_remote_code=trust_remote_code)
-        return cls(t, d, tok)
+        return cls(t, d, tok, allow_unverified=allow_unverified)
 
     @torch.inference_mode()
     def generate(self, prompt: str | list[int], max_new_tokens: int = DEFAULTS.max_new_tokens,
@@ -126,7 +131,7 @@ class TreeDecoder:
             t0 = time.perf_counter()
             ctx = self._context(req, len(stats.steps), run.domain)
             dr = draft_tree(self.draft, req.draft_cache, req.seq, run.policy, ctx, run.sampling, run.draft_mode,
-                            self.vocab, run.generator)
+                            self.vocab, run.generator, self.draft_layout)
             logits, verify_s = self._target_forward(req, dr.tree)
             acc = self.verifier(VerifyInput(dr.tree, logits, run.sampling, run.draft_mode, dr.draft_probs,
                                             run.generator))
@@ -185,11 +190,10 @@ class TreeDecoder:
         c = chain.numel()
         tokens = torch.cat([chain, tree.tokens.to(self.device)])
         vis = chain_then_tree(c, tree.ancestor_mask.to(self.device))
-        dtype = next(self.target.parameters()).dtype
-        mask = tree_attention_mask(vis, cached, dtype)
         root_pos = req.seq.numel() - 1
         pos = torch.cat([torch.arange(cached, cached + c, device=self.device),
-                         tree.position_ids(root_pos).to(self.device)])
+                         tree.position_ids(root_pos).to(self.device)])  # [c + n]
+        mask = self.target_layout.mask(vis, cached, pos, next(self.target.parameters()).dtype)
         t0 = time.perf_counter()
         out = self.target(input_ids=tokens[None], position_ids=pos[None], attention_mask=mask,
                           cache=req.target_cache, use_cache=True, logits_to_keep=tree.size)

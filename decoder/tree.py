@@ -74,16 +74,26 @@ class DraftTree:
         return torch.nonzero(self.ancestor_mask[node]).flatten().tolist()
 
 
-def tree_attention_mask(visible_new: torch.Tensor, past_len: int, dtype: torch.dtype) -> torch.Tensor:
+def tree_attention_mask(visible_new: torch.Tensor, past_len: int, dtype: torch.dtype,
+                        positions: torch.Tensor | None = None, window: int | None = None) -> torch.Tensor:
     """Additive 4-D mask [1, 1, q, past_len + t] for one forward over q new tokens.
 
     ``visible_new`` is [q, t] bool: which of the t uncached slots (the q new tokens are the last q)
-    each query sees. Every one of the ``past_len`` cached positions is visible.
+    each query sees. Every one of the ``past_len`` cached positions is visible, unless ``window`` is set:
+    then a query sees only keys less than ``window`` positions behind it, as a sliding-window layer does
+    in sequential decoding. ``positions`` [t] are the uncached slots' position ids; cached slot i sits at
+    position i (compaction keeps only the committed prefix), so the window counts along each node's path.
     """
     q, t = visible_new.shape
+    visible = torch.ones(q, past_len + t, dtype=torch.bool, device=visible_new.device)  # [q, past + t]
+    visible[:, past_len:] = visible_new
+    if window is not None:
+        if positions is None:
+            raise TreewiseError("a sliding-window mask needs the position ids of the uncached slots")
+        k_pos = torch.cat([torch.arange(past_len, device=positions.device), positions])  # [past + t]
+        visible &= (positions[t - q:, None] - k_pos[None, :]) < window
     mask = torch.zeros(q, past_len + t, dtype=dtype, device=visible_new.device)
-    mask[:, past_len:].masked_fill_(~visible_new, torch.finfo(dtype).min)
-    return mask[None, None]
+    return mask.masked_fill_(~visible, torch.finfo(dtype).min)[None, None]
 
 
 def chain_then_tree(chain_len: int, ancestor_mask: torch.Tensor) -> torch.Tensor:
