@@ -164,13 +164,15 @@ class TreeDecoder:
         """
         ids = self._encode(prompt, max_new_tokens)
         inp = torch.tensor([ids], device=self.device)
+        room = self.context - len(ids)  # the same limit generate() stops at (finish="context")
         start = time.perf_counter()
         out = self.target.generate(inp, attention_mask=torch.ones_like(inp), do_sample=False,
-                                   max_new_tokens=max_new_tokens, pad_token_id=self._pad_id(),
+                                   max_new_tokens=min(max_new_tokens, room), pad_token_id=self._pad_id(),
                                    assistant_model=assistant)
         elapsed = time.perf_counter() - start
         new = out[0, len(ids):].tolist()
-        finish: FinishReason = "eos" if new and new[-1] in self.eos_ids else "length"
+        finish: FinishReason = "eos" if new and new[-1] in self.eos_ids else (
+            "length" if len(new) >= max_new_tokens else "context")
         steps = [] if assistant is not None else [StepStats(0, 0, 0, 1, 0, 0.0, 0.0, 0.0)] * len(new)
         stats = GenerationStats(steps=steps, total_s=elapsed)
         return GenerationResult(self.tokenizer.decode(new, skip_special_tokens=True), new, ids, finish, stats)

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers.utils import logging as hf_logging
 
 from .errors import TreewiseError
 
@@ -58,8 +61,10 @@ def check_pair(target: PreTrainedModel, draft: PreTrainedModel) -> None:
 
 def _load_tokenizer(path: str | Path, trust_remote_code: bool, required: bool = True,
                     ) -> PreTrainedTokenizerBase | None:
+    _check_local(path)
     try:
-        return AutoTokenizer.from_pretrained(str(path), trust_remote_code=trust_remote_code)
+        with _quiet_loading():
+            return AutoTokenizer.from_pretrained(str(path), trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as err:
         if not required:
             return None
@@ -69,12 +74,44 @@ def _load_tokenizer(path: str | Path, trust_remote_code: bool, required: bool = 
 
 def _load_model(path: str | Path, device: torch.device, dtype: torch.dtype, trust_remote_code: bool,
                 ) -> PreTrainedModel:
+    _check_local(path)
+    folder = Path(path)
+    if folder.is_dir() and not any(folder.glob("*.safetensors")) and not any(folder.glob("*.bin")):
+        raise TreewiseError(f"cannot load a causal LM from {path}: the folder holds no weights (*.safetensors or "
+                            "*.bin); save the model there with model.save_pretrained(folder)")
     try:
-        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, trust_remote_code=trust_remote_code)
+        with _quiet_loading():
+            model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as err:
         raise TreewiseError(f"cannot load a causal LM from {path}: {_first_line(err)}; pass a local model "
                             "folder (config.json + weights) or a reachable hub id") from None
     return model.to(device).eval()
+
+
+def _check_local(path: str | Path) -> None:
+    """A path that can only be a local folder (absolute, relative, several parts) must exist.
+
+    Without this, Hugging Face reads a missing folder as a malformed hub id and says so.
+    """
+    text = str(path)
+    if Path(text).exists():
+        return
+    looks_local = isinstance(path, Path) or text.startswith((".", "/", "~")) or text.count("/") > 1 or "\\" in text
+    if looks_local:
+        raise TreewiseError(f"the model folder {text} does not exist: check the path (or pass a hub id "
+                            "such as 'org/name')")
+
+
+@contextmanager
+def _quiet_loading() -> Iterator[None]:
+    """No weight-loading progress bars from library calls; the previous setting comes back afterwards."""
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            hf_logging.enable_progress_bar()
 
 
 def _first_line(err: Exception) -> str:

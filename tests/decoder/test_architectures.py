@@ -221,3 +221,4 @@ def test_sampling_follows_the_target_under_a_window() -> None:
     tv = 0.5 * sum(abs(counts[k] / runs - exact[k]) for k in keys)
     assert tv < 0.13  # ~0.08 by noise alone for 1200 draws over 64 outcomes
     assert chisquare(observed, expected * observed.sum() / expected.sum()).pvalue > 1e-3
+
