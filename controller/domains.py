@@ -63,7 +63,7 @@ class DomainClassifierConfig(BaseModel):
 
 
 class LabeledPrompt(Protocol):
-    """Anything with a prompt text and a domain label (``studies.suites.Prompt`` fits)."""
+    """Anything with a prompt text and a domain label (``studies.shared.suites.Prompt`` fits)."""
 
     @property
     def prompt(self) -> str: ...

@@ -1,38 +1,32 @@
-"""The ``treewise`` command: each stage's module registers its own sub-commands here."""
+"""The ``treewise`` command, assembled in one place: each job registers its own sub-commands."""
 
 from __future__ import annotations
 
-import importlib
-
 import typer
+
+from studies.acceptance import cli as acceptance_cli
+from studies.bench import cli as bench_cli
+from studies.collect import cli as collect_cli
+from studies.learn import cli as learn_cli
+from studies.pair import cli as pair_cli
+from studies.tune import cli as tune_cli
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help="Domain-aware tree speculative decoding.")
 
-# Modules that define `register(app)`; missing ones are skipped so stages can land one at a time.
-_COMMAND_MODULES = (
-    "studies.bench_cli",  # bench, decode
-    "studies.pair_cli",  # demo, train-pair
-    "studies.acceptance_cli",  # collect, study
-    "studies.predictor_cli",  # train, evaluate
-    "studies.controller_cli",  # train-domains
-    "studies.tune_cli",  # tune, report
+_JOBS = (
+    bench_cli,  # bench, decode, latency
+    pair_cli,  # demo, train-pair, pair-report
+    collect_cli,  # collect
+    acceptance_cli,  # study acceptance
+    learn_cli,  # train, evaluate, train-domains
+    tune_cli,  # tune, report
 )
-
-
-def _register() -> None:
-    for name in _COMMAND_MODULES:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as err:
-            if err.name == name:
-                continue
-            raise
-        module.register(app)
+for _job in _JOBS:
+    _job.register(app)
 
 
 def main() -> None:
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # weight-loading bars would interleave with rich output
-    _register()
     app()

@@ -1,0 +1,136 @@
+"""``treewise bench`` and ``treewise decode``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.progress import Progress
+from rich.table import Table
+
+from controller import measure_latency
+from decoder import DEFAULTS, TreeDecoder, TreewiseError
+from decoder.atomic import write_bytes_atomic
+from studies.shared.measure import BenchConfig, load_bench_decoder, select_prompts
+from studies.shared.paths import data_dir, default_pair
+from studies.shared.treespec import build_tree
+
+from .report import print_bench, step_table
+from .rows import run_bench
+
+_B = BenchConfig()
+# --policy NAME for kinds whose spec needs parameters
+_POLICY_SPECS = {"static": f"static:width={DEFAULTS.width},depth={DEFAULTS.depth}", "chain": "chain:length=4"}
+
+
+def bench(
+    suite: Annotated[Path, typer.Option(help="prompt suite folder")] = _B.suite,
+    split: Annotated[str, typer.Option(help="train, tune, test or all")] = _B.split,
+    domain: Annotated[list[str] | None, typer.Option(help="only these domains (repeatable)")] = None,
+    per_domain: Annotated[int, typer.Option(help="prompts per domain, 0 = all")] = _B.per_domain,
+    max_new_tokens: Annotated[int, typer.Option()] = _B.max_new_tokens,
+    repeats: Annotated[int, typer.Option(help="interleaved repeats (median and spread)")] = _B.repeats,
+    tree: Annotated[list[str] | None,
+                    typer.Option(help="extra row NAME=SPEC, e.g. wide=static:width=4,depth=2")] = None,
+    no_hf: Annotated[bool, typer.Option("--no-hf", help="skip the HF assisted-generation row")] = False,
+    target: Annotated[str | None, typer.Option(help="target id or folder (default: embedded pair)")] = None,
+    draft: Annotated[str | None, typer.Option(help="draft id or folder")] = None,
+    json_out: Annotated[Path | None, typer.Option("--json", help="write the result as JSON")] = None,
+) -> None:
+    """Tokens/s and speedup of tree policies vs plain decoding vs HF assisted generation, side by side."""
+    console = Console()
+    trees = dict(_B.trees)
+    for item in tree or []:
+        name, eq, spec = item.partition("=")
+        if not eq:
+            raise typer.BadParameter(f"--tree {item!r}: use NAME=SPEC")
+        trees[name] = [spec]
+    try:
+        cfg = BenchConfig(suite=suite, split=split, domains=domain or None, per_domain=per_domain,
+                          max_new_tokens=max_new_tokens, repeats=repeats, trees=trees, hf_assisted=not no_hf,
+                          target=target, draft=draft)
+        prompts = select_prompts(cfg)
+        dec = load_bench_decoder(cfg)
+        with Progress(console=console, transient=True) as progress:
+            task = progress.add_task("benchmark", total=len(prompts) * cfg.repeats)
+            result = run_bench(cfg, dec, on_progress=lambda: progress.advance(task))
+    except TreewiseError as err:
+        console.print(f"[red]error:[/red] {err}")
+        raise typer.Exit(2) from None
+    print_bench(result, console)
+    if json_out is not None:
+        json_out.parent.mkdir(parents=True, exist_ok=True)
+        json_out.write_text(json.dumps(result.model_dump(mode="json"), indent=2))
+        console.print(f"wrote {json_out}")
+
+
+def decode(
+    prompt: Annotated[str, typer.Argument(help="the prompt text")],
+    tree: Annotated[str, typer.Option(help="tree spec")] = f"static:width={DEFAULTS.width},depth={DEFAULTS.depth}",
+    policy: Annotated[str | None, typer.Option(
+        help="a policy by name with its defaults: learned, budgeted, confidence, dynamic_chain, chain "
+             "(overrides --tree)",
+    )] = None,
+    max_new_tokens: Annotated[int, typer.Option()] = DEFAULTS.max_new_tokens,
+    temperature: Annotated[float, typer.Option(help="0 = greedy")] = DEFAULTS.temperature,
+    seed: Annotated[int | None, typer.Option()] = None,
+    domain: Annotated[str, typer.Option()] = "unknown",
+    target: Annotated[str | None, typer.Option(help="target id or folder (default: embedded pair)")] = None,
+    draft: Annotated[str | None, typer.Option(help="draft id or folder")] = None,
+) -> None:
+    """Decode one prompt, streaming the text, then print the step statistics."""
+    console = Console()
+    t_default, d_default = default_pair()
+    try:
+        tree_policy = build_tree(tree if policy is None else _POLICY_SPECS.get(policy, policy))
+        dec = TreeDecoder.from_pretrained(target or t_default, draft or d_default)
+        shown: list[int] = []
+
+        def show(tokens: list[int]) -> None:
+            before = dec.tokenizer.decode(shown, skip_special_tokens=True)
+            shown.extend(tokens)
+            console.print(dec.tokenizer.decode(shown, skip_special_tokens=True)[len(before):], end="",
+                          markup=False, highlight=False)
+
+        out = dec.generate(prompt, max_new_tokens, tree=tree_policy, temperature=temperature, seed=seed,
+                           domain=domain, stream=show)
+    except TreewiseError as err:
+        console.print(f"[red]error:[/red] {err}")
+        raise typer.Exit(2) from None
+    console.print()
+    console.print(step_table(out.stats))
+    console.print(f"finish: {out.finish_reason}")
+
+
+def latency(
+    out: Annotated[Path, typer.Option(help="where to write the profile")] = data_dir() / "latency.json",
+    target: Annotated[str | None, typer.Option(help="target id or folder (default: embedded pair)")] = None,
+    draft: Annotated[str | None, typer.Option(help="draft id or folder")] = None,
+    context: Annotated[int, typer.Option(help="cached tokens under each timed forward")] = 128,
+) -> None:
+    """Measure the pair's forward latency by tree size (LearnedTree's cost model) and write it as JSON."""
+    console = Console()
+    t_default, d_default = default_pair()
+    try:
+        dec = TreeDecoder.from_pretrained(target or t_default, draft or d_default)
+    except TreewiseError as err:
+        console.print(f"[red]error:[/red] {err}")
+        raise typer.Exit(2) from None
+    profile = measure_latency(dec.target, dec.draft, context=context)
+    write_bytes_atomic(out, json.dumps(profile.model_dump(), indent=1).encode())
+    table = Table(title=f"forward latency, ms (context {context}, {profile.threads} threads, {profile.device})")
+    for col in ("tokens", "target", "draft", "draft / target"):
+        table.add_column(col, justify="right")
+    for n, t, d in zip(profile.sizes, profile.target_ms, profile.draft_ms, strict=True):
+        table.add_row(str(n), f"{t:.2f}", f"{d:.2f}", f"{d / t:.2f}")
+    console.print(table)
+    console.print(f"wrote {out}")
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(bench)
+    app.command()(decode)
+    app.command()(latency)

@@ -1,0 +1,78 @@
+"""Rich tables for ``treewise bench`` and ``treewise decode``."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+from decoder import GenerationStats
+from studies.shared.measure import BenchResult, Metrics
+
+
+def _f(x: float | None, fmt: str = "{:.2f}") -> str:
+    return "-" if x is None else fmt.format(x)
+
+
+def _row(name: str, m: Metrics, spec: str | None = None) -> list[str]:
+    lo, hi = m.speedup_range
+    mism = f"[red]{m.mismatches}[/red]" if m.mismatches else "0"
+    return [name + (f" [dim]{spec}[/dim]" if spec else ""), _f(m.tau), _f(m.verified_per_step, "{:.1f}"),
+            _f(m.drafted_per_step, "{:.1f}"), f"{m.tokens_per_s:.0f}",
+            f"{m.speedup:.2f}x [dim]({lo:.2f}-{hi:.2f})[/dim]",
+            _f(m.policy_ms_per_step, "{:.3f}"), _f(m.overhead_share, "{:.0%}"), mism]
+
+
+_COLUMNS = ["row", "tau", "verified/step", "drafted/step", "tokens/s", "speedup vs plain (min-max)",
+            "policy ms/step", "overhead", "mismatches"]
+
+
+def bench_tables(result: BenchResult, per_domain: bool = True) -> list[Table]:
+    cfg = result.config
+    overall = Table(title=f"treewise bench: {next(iter(result.policies.values())).prompts} prompts, "
+                          f"{cfg.max_new_tokens} new tokens, {cfg.repeats} repeats, split {cfg.split}")
+    for col in _COLUMNS:
+        overall.add_column(col, justify="left" if col == "row" else "right")
+    for name, row in result.policies.items():
+        overall.add_row(*_row(name, row, row.spec))
+    tables = [overall]
+    if per_domain:
+        domains = sorted({d for r in result.policies.values() for d in r.per_domain})
+        t = Table(title="speedup over plain decoding by domain (tau in brackets)")
+        t.add_column("row")
+        for d in domains:
+            t.add_column(d, justify="right")
+        for name, row in result.policies.items():
+            cells = []
+            for d in domains:
+                m = row.per_domain[d]
+                cells.append(f"{m.speedup:.2f}x" + (f" [dim]({m.tau:.2f})[/dim]" if m.tau is not None else ""))
+            t.add_row(name, *cells)
+        tables.append(t)
+    return tables
+
+
+def print_bench(result: BenchResult, console: Console | None = None) -> None:
+    console = console or Console()
+    for t in bench_tables(result):
+        console.print(t)
+    for row, why in result.skipped.items():
+        console.print(f"[yellow]skipped {row}:[/yellow] {why}")
+    hf = result.config
+    console.print(f"[dim]hf_assisted: generate(assistant_model=draft), "
+                  f"num_assistant_tokens={hf.hf_num_assistant_tokens}, "
+                  f"schedule={hf.hf_schedule}, assistant_confidence_threshold={hf.hf_confidence_threshold}; "
+                  f"plain: target.generate(do_sample=False). tau = 1 + accepted/steps (vLLM convention). "
+                  f"{result.environment}[/dim]")
+
+
+def step_table(stats: GenerationStats, limit: int = 12) -> Table:
+    t = Table(title=f"{stats.n_steps} steps, tau {stats.tau:.2f}, {stats.tokens_per_s:.0f} tokens/s, "
+                    f"overhead {stats.overhead_share:.0%}")
+    for col in ("step", "drafted", "verified", "accepted", "emitted", "draft ms", "verify ms", "other ms"):
+        t.add_column(col, justify="right")
+    for i, s in enumerate(stats.steps[:limit]):
+        t.add_row(str(i), str(s.drafted), str(s.verified), str(s.accepted), str(s.emitted),
+                  f"{1e3 * s.draft_s:.2f}", f"{1e3 * s.verify_s:.2f}", f"{1e3 * s.other_s:.2f}")
+    if stats.n_steps > limit:
+        t.add_row("...", *[""] * 7)
+    return t

@@ -1,0 +1,101 @@
+"""`treewise collect`: decode a prompt suite and write node, step and prompt logs into a run folder."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from pydantic import ValidationError
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from decoder import NodeLogError, TreeDecoder, TreewiseError
+from studies.shared.commands import fail, option_default, write_json
+from studies.shared.runs import PromptRecord, read_records
+from studies.shared.suites import SuiteError
+
+from .collector import CollectConfig, CollectPlan, CollectSummary, load_decoder, plan_collect, run_collect, summarize
+
+console = Console()
+_USER_ERRORS = (TreewiseError, SuiteError, NodeLogError, ValidationError)
+
+
+def collect_cmd(
+    out: Path = typer.Option(..., help="Run folder (runs/NAME/); rerun with the same settings to resume."),
+    suite: Path = typer.Option(option_default(CollectConfig, "suite"), help="Suite folder of <domain>.jsonl files."),
+    split: str = typer.Option(option_default(CollectConfig, "split"), help="train, tune, test or all."),
+    domain: list[str] = typer.Option(None, help="Only these domains (repeat the option)."),
+    tree: str = typer.Option(option_default(CollectConfig, "tree"), help="static:width=W,depth=D, "
+                      "static:branching=W1-W2-... (children per node by level) or chain:length=L."),
+    max_new_tokens: int = typer.Option(option_default(CollectConfig, "max_new_tokens"), help="New tokens per prompt."),
+    temperature: float = typer.Option(option_default(CollectConfig, "temperature"), help="0 = greedy."),
+    seed: int = typer.Option(option_default(CollectConfig, "seed"), help="Sampling seed base (temperature > 0)."),
+    shard: str = typer.Option(option_default(CollectConfig, "shard"), help="I/N: this process takes prompts i with "
+                              "i mod N = I-1 (shards count from 1)."),
+    target: Path = typer.Option(option_default(CollectConfig, "target"), help="Target model folder or hub id."),
+    draft: Path = typer.Option(option_default(CollectConfig, "draft"), help="Draft model folder or hub id."),
+    device: str = typer.Option(None, help="cpu or cuda (default: cuda when present)."),
+    check_greedy: bool = typer.Option(option_default(CollectConfig, "check_greedy"),
+                                      help="Greedy runs: also decode with plain target greedy and compare."),
+    json_out: Path = typer.Option(None, "--json", help="Write the collect summary as JSON here."),
+) -> None:
+    """Decode a prompt suite with the tree decoder and write node, step and prompt logs."""
+    try:
+        cfg = CollectConfig(out=out, suite=suite, split=split, domains=domain or None, tree=tree,
+                            max_new_tokens=max_new_tokens, temperature=temperature, seed=seed, shard=shard,
+                            target=target, draft=draft, device=device, check_greedy=check_greedy)
+        plan = plan_collect(cfg)
+        console.print(f"[bold]collect[/] {plan.manifest.tree} -> {plan.layout.run_dir} ({plan.layout.name}): "
+                      f"{len(plan.prompts)} prompts, {len(plan.done)} already finished"
+                      + (f", {plan.orphans_removed} unfinished files removed" if plan.orphans_removed else ""))
+        if plan.pending:
+            decoder = load_decoder(cfg)
+            summary = _run_with_progress(plan, decoder)
+        else:
+            summary = summarize(plan, read_records(plan.layout.records_dir), 0, {}, 0.0)
+    except _USER_ERRORS as err:
+        fail(console, err)
+    _print_collect_summary(summary)
+    if json_out is not None:
+        write_json(json_out, summary, console)
+
+
+def _run_with_progress(plan: CollectPlan, decoder: TreeDecoder) -> CollectSummary:
+    totals: dict[str, int] = {}
+    finished: dict[str, int] = {}
+    for p in plan.prompts:
+        totals[p.domain] = totals.get(p.domain, 0) + 1
+        finished[p.domain] = finished.get(p.domain, 0) + (p.id in plan.done)
+    columns = (TextColumn("{task.description:>12}"), BarColumn(), MofNCompleteColumn(),
+               TextColumn("{task.fields[info]}"), TimeElapsedColumn())
+    with Progress(*columns, console=console) as bar:
+        tasks = {d: bar.add_task(d, total=n, completed=finished[d], info="") for d, n in sorted(totals.items())}
+        stats: dict[str, list[int]] = {d: [0, 0] for d in totals}
+
+        def advance(record: PromptRecord) -> None:
+            s = stats[record.domain]
+            s[0], s[1] = s[0] + record.accepted, s[1] + record.n_steps
+            info = f"tau {1 + s[0] / max(s[1], 1):.2f}  {record.tokens_per_s:.0f} tok/s"
+            bar.update(tasks[record.domain], advance=1, info=info)
+
+        return run_collect(plan, decoder, advance)
+
+
+def _print_collect_summary(s: CollectSummary) -> None:
+    t = Table(title=f"{s.run_dir} {s.shard}: {s.finished}/{s.planned} prompts ({s.collected_now} now)")
+    for col in ("domain", "prompts", "steps", "new tokens", "tau", "tok/s", "greedy checked", "mismatches"):
+        t.add_column(col, justify="left" if col == "domain" else "right")
+    for name, d in s.domains.items():
+        t.add_row(name, str(d.prompts), str(d.steps), str(d.new_tokens), f"{d.tau:.2f}", f"{d.tokens_per_s:.0f}",
+                  str(d.greedy_checked), str(d.greedy_mismatches))
+    console.print(t)
+    for pid, err in s.failed.items():
+        console.print(f"[yellow]prompt {pid} not collected:[/] {err}")
+    if s.greedy_mismatches:
+        console.print(f"[red]{s.greedy_mismatches} greedy outputs differ from plain target greedy[/]")
+
+
+
+def register(app: typer.Typer) -> None:
+    app.command("collect")(collect_cmd)

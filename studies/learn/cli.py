@@ -1,0 +1,145 @@
+"""`treewise train` and `treewise evaluate` (the acceptance predictor from node logs) and `treewise train-domains`
+(the ``domain="auto"`` classifier from a suite's train split)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from pydantic import ValidationError
+from rich.console import Console
+
+from controller.domains import CLASSIFIER_FILE, DomainClassifierConfig
+from decoder import TreewiseError
+from decoder.nodelog import NodeLogError
+from predictor.config import DEFAULT_MODEL_DIR, PredictorConfig
+from predictor.evaluate import evaluate
+from predictor.features import FeatureSchemaError
+from predictor.model import AcceptancePredictor, PredictorError, train
+from studies.shared.paths import data_dir
+
+from .data import read_runs, train_on_suite
+from .report import accuracy_table, confusion_table, markdown_tables, print_evaluation, print_training, write_plots
+
+_DEFAULTS = PredictorConfig()
+_C = DomainClassifierConfig()
+_EXPECTED = (PredictorError, FeatureSchemaError, NodeLogError)
+
+
+def _fail(console: Console, message: str) -> typer.Exit:
+    console.print(f"[red]error:[/red] {message}")
+    return typer.Exit(code=1)
+
+
+def _config(console: Console, config_file: Path | None, overrides: dict[str, Any]) -> PredictorConfig:
+    try:
+        base = json.loads(config_file.read_text()) if config_file else {}
+        return PredictorConfig.model_validate(base | {k: v for k, v in overrides.items() if v is not None})
+    except (OSError, json.JSONDecodeError) as err:
+        raise _fail(console, f"cannot read --config {config_file}: {err}") from None
+    except ValidationError as err:
+        raise _fail(console, f"invalid predictor config: {err.errors()[0]['loc']}: {err.errors()[0]['msg']}") from None
+
+
+def _write_json(path: Path, data: object) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=2) + "\n")
+
+
+_LOGS_HELP = "Run folders (runs/NAME/, read from their nodes/ subfolder) or node-log parquet folders."
+
+
+def train_command(
+    logs: list[Path] = typer.Argument(..., help=_LOGS_HELP),
+    out: Path = typer.Option(DEFAULT_MODEL_DIR, "--out", help="Folder for model.txt, schema, metrics."),
+    label: str | None = typer.Option(None, "--label", help=f"hard|soft (default {_DEFAULTS.label})."),
+    calibration: str | None = typer.Option(
+        None, "--calibration", help=f"none|isotonic (default {_DEFAULTS.calibration})."
+    ),
+    seed: int | None = typer.Option(None, "--seed", help=f"Split and LightGBM seed (default {_DEFAULTS.seed})."),
+    config_file: Path | None = typer.Option(None, "--config", help="PredictorConfig JSON; flags override it."),
+    json_out: Path | None = typer.Option(None, "--json", help="Also write the training metrics here."),
+) -> None:
+    """Train the LightGBM acceptance predictor on node logs (split by prompt, early stopping, calibration)."""
+    console = Console()
+    config = _config(console, config_file, {"label": label, "calibration": calibration, "seed": seed})
+    try:
+        predictor = train(read_runs(logs), config)
+    except _EXPECTED as err:
+        raise _fail(console, str(err)) from None
+    predictor.save(out)
+    if json_out:
+        _write_json(json_out, predictor.metrics)
+    print_training(console, predictor.metrics, out)
+
+
+def evaluate_command(
+    logs: list[Path] = typer.Argument(..., help=_LOGS_HELP),
+    model: Path = typer.Option(DEFAULT_MODEL_DIR, "--model", help="Folder written by `treewise train`."),
+    json_out: Path | None = typer.Option(None, "--json", help="Write the full evaluation here."),
+    plots: Path | None = typer.Option(None, "--plots", help="Folder for calibration.png and importance.png."),
+    ablation: bool = typer.Option(False, "--ablation", help="Retrain without each feature group (same split)."),
+    ablation_seeds: int = typer.Option(1, "--ablation-seeds", help="Prompt splits the ablation averages over."),
+    compare_labels: bool = typer.Option(False, "--compare-labels", help="Retrain with the other label kind."),
+    markdown: Path | None = typer.Option(None, "--markdown", help="Write the tables as markdown here."),
+    latency_calls: int = typer.Option(300, "--latency-calls", help="predict_batch calls timed per batch size."),
+) -> None:
+    """Score a predictor on the test prompts against draft-prob, entropy, table and HF-threshold baselines."""
+    console = Console()
+    try:
+        predictor = AcceptancePredictor.load(model)
+        report = evaluate(predictor, read_runs(logs), ablation=ablation, compare_labels=compare_labels,
+                          ablation_seeds=ablation_seeds,
+                          latency_calls=latency_calls).to_dict()
+    except _EXPECTED as err:
+        raise _fail(console, str(err)) from None
+    report = {"model": str(model), "logs": [str(p) for p in logs]} | report
+    print_evaluation(console, report)
+    if json_out:
+        _write_json(json_out, report)
+    if plots:
+        for path in write_plots(report, plots):
+            console.print(f"wrote {path}")
+    if markdown:
+        markdown.parent.mkdir(parents=True, exist_ok=True)
+        markdown.write_text(markdown_tables(report))
+
+
+def train_domains(
+    suite: Annotated[Path, typer.Option(help="prompt suite folder of <domain>.jsonl")] = data_dir() / "prompts",
+    out: Annotated[Path, typer.Option(help="where to write the classifier .npz")] = data_dir() / CLASSIFIER_FILE,
+    json_out: Annotated[Path | None, typer.Option("--json", help="also write the test report as JSON")] = None,
+    buckets: Annotated[int | None, typer.Option(help=f"hashed feature buckets (default {_C.buckets})")] = None,
+    alpha: Annotated[float | None, typer.Option(help=f"count smoothing (default {_C.alpha})")] = None,
+) -> None:
+    """Train the domain classifier for domain="auto" on the train split; report test accuracy and confusion."""
+    console = Console()
+    overrides = {k: v for k, v in {"buckets": buckets, "alpha": alpha}.items() if v is not None}
+    try:
+        config = DomainClassifierConfig(**overrides)
+        training = train_on_suite(suite, config)
+    except ValidationError as err:
+        first = err.errors()[0]
+        console.print(f"[red]error:[/red] --{first['loc'][0]}: {first['msg']}")
+        raise typer.Exit(2) from None
+    except TreewiseError as err:  # suite, split and classifier errors all name their fix
+        console.print(f"[red]error:[/red] {err}")
+        raise typer.Exit(2) from None
+    path = training.classifier.save(out)
+    report = training.report
+    console.print(accuracy_table(report))
+    console.print(confusion_table(report))
+    console.print(f"trained on {report.n_train} prompts; predict median {report.predict_us_median:.0f} µs")
+    console.print(f"wrote {path} ({path.stat().st_size / 1024:.0f} KiB)")
+    if json_out is not None:
+        json_out.parent.mkdir(parents=True, exist_ok=True)
+        json_out.write_text(json.dumps(report.model_dump(mode="json"), indent=2) + "\n")
+        console.print(f"wrote {json_out}")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("train")(train_command)
+    app.command("evaluate")(evaluate_command)
+    app.command("train-domains")(train_domains)

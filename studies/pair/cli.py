@@ -1,0 +1,170 @@
+"""`treewise train-pair` and `treewise demo`: the embedded model pair's commands."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+from pydantic import ValidationError
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.table import Table
+
+from .demo import demo_cmd
+from .evaluate import EvalConfig, evaluate_pair, save_eval
+from .meta import card_meta, demo_text
+from .train import ModelShape, PairConfig, TrainProgress, train_pair
+
+_DEF = PairConfig()
+console = Console()
+
+
+def _shape(layers: int, hidden: int, heads: int, ffn: int) -> ModelShape:
+    try:
+        return ModelShape(layers=layers, hidden=hidden, heads=heads, ffn=ffn)
+    except ValidationError as exc:
+        raise typer.BadParameter(f"target shape: {exc.errors()[0]['msg']}") from None
+
+
+def train_pair_cmd(
+    minutes: float = typer.Option(_DEF.minutes, help="Training budget for target + draft, in minutes."),
+    threads: int = typer.Option(_DEF.threads, help="torch threads (2 on the shared 2-core CPU)."),
+    out: Path = typer.Option(_DEF.out, help="Where the HF folders target/ and draft/ are written."),
+    work: Path = typer.Option(_DEF.work, help="Corpus, tokenizer, token arrays and checkpoints (resumable)."),
+    seed: int = typer.Option(_DEF.seed, help="Seed of corpus sampling and training."),
+    chars_per_domain: int = typer.Option(_DEF.corpus.chars_per_domain, help="Corpus cap per domain."),
+    init_from: Path | None = typer.Option(
+        None, help="Warm start from an earlier run's target/ and draft/ (same tokenizer: copy its --work prep)."
+    ),
+    target_share: float = typer.Option(_DEF.target_share, help="Share of the minutes spent on the target."),
+    lr_target: float = typer.Option(_DEF.lr_target, help="Peak learning rate of the target."),
+    lr_draft: float = typer.Option(_DEF.lr_draft, help="Peak learning rate of the draft."),
+    device: str = typer.Option(_DEF.device, help="auto (CUDA when present, else CPU), cpu, or cuda[:N]."),
+    target_layers: int = typer.Option(_DEF.target.layers, help="Target depth (a GPU affords more)."),
+    target_hidden: int = typer.Option(_DEF.target.hidden, help="Target width."),
+    target_heads: int = typer.Option(_DEF.target.heads, help="Target attention heads (divide the width)."),
+    target_ffn: int = typer.Option(_DEF.target.ffn, help="Target MLP width."),
+) -> None:
+    """Rebuild corpus, tokenizer, target and distilled draft from scratch (resumes from --work)."""
+    cfg = _DEF.model_copy(
+        update={
+            "minutes": minutes,
+            "threads": threads,
+            "out": out,
+            "work": work,
+            "seed": seed,
+            "init_from": init_from,
+            "target_share": target_share,
+            "lr_target": lr_target,
+            "lr_draft": lr_draft,
+            "device": device,
+            "target": _shape(target_layers, target_hidden, target_heads, target_ffn),
+            "corpus": _DEF.corpus.model_copy(update={"chars_per_domain": chars_per_domain, "seed": seed}),
+        }
+    )
+    console.print(f"[bold]train-pair[/] {minutes} min on {threads} threads, work {work}, out {out}")
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.fields[info]}"),
+        TimeRemainingColumn(),
+        console=console,
+    ) as bar:
+        tasks: dict[str, int] = {}
+
+        def update(p: TrainProgress) -> None:
+            if p.stage not in tasks:
+                tasks[p.stage] = bar.add_task(p.stage, total=p.budget_s, info="")
+            if p.step % 5 == 0:
+                info = (
+                    f"step {p.step} tokens {p.tokens / 1e6:.2f}M loss {p.loss:.3f} "
+                    f"{p.tokens / max(p.elapsed_s, 1e-9):,.0f} tok/s"
+                )
+                bar.update(tasks[p.stage], completed=p.elapsed_s, info=info)
+                if not console.is_terminal and p.step % 100 == 0:  # a readable log under nohup
+                    console.print(f"{p.stage} {p.elapsed_s / 60:.1f}/{p.budget_s / 60:.1f} min {info}")
+
+        results = train_pair(cfg, update)
+    table = Table("model", "params", "steps", "tokens", "minutes", "tokens/s", "final loss")
+    for r in results:
+        table.add_row(
+            r.stage,
+            f"{r.params / 1e6:.2f}M",
+            str(r.steps),
+            f"{r.tokens / 1e6:.2f}M",
+            f"{r.seconds / 60:.1f}",
+            f"{r.tokens / max(r.seconds, 1e-9):,.0f}",
+            f"{r.final_loss:.3f}",
+        )
+    console.print(table)
+
+
+def pair_report_cmd(
+    models: Path = typer.Option(EvalConfig().models, help="Folder holding target/ and draft/."),
+    work: Path = typer.Option(EvalConfig().work, help="The train-pair work folder (held-out tokens, results)."),
+    threads: int = typer.Option(EvalConfig().threads, help="torch threads."),
+    command: str = typer.Option("treewise train-pair --minutes 60 --threads 2", help="Recipe shown in the card."),
+) -> None:
+    """Measure the trained pair and write the model card models/README.md from the measurements."""
+    from .card import render_card
+    from .demo import DemoConfig, run_demo
+
+    cfg = EvalConfig(models=models, work=work, threads=threads)
+    result = evaluate_pair(cfg)
+    save_eval(result, work / "eval.json")
+    trials = search_trees(models, threads)
+    demo_cfg = DemoConfig(threads=threads)
+    rows = run_demo(demo_cfg, data=models.parent)
+    head = f"treewise demo: StaticTree(width={demo_cfg.width}, depth={demo_cfg.depth}), "
+    meta = card_meta(work, command, head + f"{demo_cfg.max_new_tokens} new tokens, test split\n" + demo_text(rows))
+    meta["tree_search"] = [t.__dict__ for t in trials]
+    (work / "card_meta.json").write_text(json.dumps(meta, indent=2))
+    (models / "README.md").write_text(
+        render_card(work / "eval.json", work / "train_results.json", work / "card_meta.json")
+    )
+    table = Table("domain", "target ppl", "draft ppl", "agreement", "repeated 4-grams", "in text", "looping")
+    for d in result.domains:
+        table.add_row(
+            d.domain,
+            f"{d.target_ppl:.2f}",
+            f"{d.draft_ppl:.2f}",
+            f"{d.agreement:.1%}",
+            f"{d.repeated_4gram:.1%}",
+            f"{d.reference_4gram:.1%}",
+            f"{d.looping:.0%}",
+        )
+    console.print(table)
+    console.print(f"latency ms: {result.latency_ms}; card written to {models / 'README.md'}")
+
+
+def search_trees(models: Path, threads: int) -> list:
+    """Static shapes compared on one tune prompt per domain (48 new tokens each)."""
+    import torch
+
+    from decoder import Chain, StaticTree, TreeDecoder
+    from studies.shared.suites import load_suite
+
+    from .demo import pick_prompts, tree_search
+
+    torch.set_num_threads(threads)
+    dec = TreeDecoder.from_pretrained(models / "target", models / "draft", device="cpu")
+    prompts = pick_prompts(load_suite(models.parent / "prompts", split="tune"), 1)
+    dec.generate(prompts[0].prompt, max_new_tokens=8)  # warm-up
+    shapes = {
+        "Chain(2)": Chain(length=2),
+        "Chain(3)": Chain(length=3),
+        "Chain(4)": Chain(length=4),
+        "StaticTree(2, 2)": StaticTree(2, 2),
+        "StaticTree(2, 3)": StaticTree(2, 3),
+        "StaticTree(2, 4)": StaticTree(2, 4),
+        "StaticTree(branching=(3, 2, 1, 1))": StaticTree(branching=(3, 2, 1, 1)),
+        "StaticTree(branching=(4, 2, 2, 1, 1))": StaticTree(branching=(4, 2, 2, 1, 1)),
+    }
+    return tree_search(dec, prompts, shapes)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("train-pair")(train_pair_cmd)
+    app.command("pair-report")(pair_report_cmd)
+    app.command("demo")(demo_cmd)

@@ -1,0 +1,182 @@
+"""Timed decoding rows side by side with plain target decoding: what bench and tune both measure.
+
+Every row decodes the same prompts, interleaved prompt by prompt (row order rotated each repeat) so drift
+in machine speed hits all rows alike. Greedy outputs of every row are checked against plain decoding.
+``studies.bench`` builds its rows (policies, HF assisted) on this; ``studies.tune`` measures budgets with it.
+"""
+
+from __future__ import annotations
+
+import platform
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import transformers
+from pydantic import BaseModel, ConfigDict, Field
+
+from decoder import GenerationResult, TreeDecoder, TreewiseError
+
+from .paths import data_dir, default_pair
+from .suites import Prompt, load_suite
+
+PLAIN, HF = "plain", "hf_assisted"
+
+
+class BenchConfig(BaseModel):
+    """Every default of ``treewise bench``; the CLI reads its defaults from here."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    suite: Path = Field(default_factory=lambda: data_dir() / "prompts")
+    split: str = "test"
+    domains: list[str] | None = None
+    per_domain: int = 3  # prompts per domain (0 = all)
+    max_new_tokens: int = 64
+    repeats: int = 3
+    target: str | None = None  # default: the embedded pair
+    draft: str | None = None
+    # Tree rows: row name -> candidate specs; a row with several candidates reports its fastest one.
+    trees: dict[str, list[str]] = Field(default_factory=lambda: {
+        "chain": ["chain:length=4"],
+        "static": ["static:width=2,depth=3", "static:width=3,depth=2", "static:branching=4-2-1-1"],
+        "confidence": ["confidence:budget=16,max_depth=5,top_k=4"],
+        "dynamic_chain": ["dynamic_chain"],
+        "learned": ["learned"],
+        "budgeted": ["budgeted"],  # the controller's default: per-domain family and size from data/budgets.json
+    })
+    hf_assisted: bool = True
+    # HF assisted generation settings, set on the draft's generation_config (5.x leaves them unset).
+    hf_num_assistant_tokens: int = 20
+    hf_schedule: str = "constant"
+    hf_confidence_threshold: float = 0.4
+
+
+class Metrics(BaseModel):
+    prompts: int
+    new_tokens: int
+    tau: float | None  # tokens per target call (1 + accepted / steps); None where not observable
+    verified_per_step: float | None
+    drafted_per_step: float | None
+    tokens_per_s: float  # median over repeats
+    tokens_per_s_range: tuple[float, float]  # min, max over repeats
+    speedup: float  # median over repeats of plain time / row time
+    speedup_range: tuple[float, float]
+    policy_ms_per_step: float | None  # controller overhead (policy + predictor)
+    overhead_share: float | None  # share of step time outside model forwards
+    mismatches: int  # prompts whose greedy output differs from plain decoding
+
+
+class RowResult(Metrics):
+    spec: str | None = None
+    per_domain: dict[str, Metrics] = Field(default_factory=dict)
+
+
+class BenchResult(BaseModel):
+    config: BenchConfig
+    policies: dict[str, RowResult]
+    skipped: dict[str, str] = Field(default_factory=dict)  # row -> why it could not run (e.g. no predictor)
+    environment: dict[str, str]
+    wall_s: float
+
+
+@dataclass
+class _Runs:
+    """Per row, per prompt id: one result per repeat."""
+
+    by_row: dict[str, dict[str, list[GenerationResult]]] = field(default_factory=dict)
+
+    def add(self, row: str, pid: str, res: GenerationResult) -> None:
+        self.by_row.setdefault(row, {}).setdefault(pid, []).append(res)
+
+
+Runner = Callable[[Prompt], GenerationResult]
+
+
+def select_prompts(cfg: BenchConfig) -> list[Prompt]:
+    prompts = load_suite(cfg.suite, cfg.split, cfg.domains)
+    if not prompts:
+        raise TreewiseError(f"no prompts in {cfg.suite} for split {cfg.split!r} and domains {cfg.domains}")
+    if cfg.per_domain <= 0:
+        return prompts
+    seen: dict[str, int] = {}
+    chosen = []
+    for p in prompts:
+        if seen.get(p.domain, 0) < cfg.per_domain:
+            chosen.append(p)
+            seen[p.domain] = seen.get(p.domain, 0) + 1
+    return chosen
+
+
+def load_bench_decoder(cfg: BenchConfig) -> TreeDecoder:
+    target, draft = default_pair()
+    target_path, draft_path = cfg.target or target, cfg.draft or draft
+    if cfg.target is None and not Path(target_path).exists():
+        raise TreewiseError(f"no embedded pair under {Path(target_path).parent}: pass --target and --draft "
+                            "(a Hugging Face id or folder each) or build it with `treewise train-pair`")
+    return TreeDecoder.from_pretrained(target_path, draft_path)
+
+
+def measure(runners: dict[str, Runner], prompts: list[Prompt], repeats: int,
+            on_progress: Callable[[], None] | None = None) -> _Runs:
+    """Interleave rows prompt by prompt; rotate the row order each repeat; one warm-up pass first."""
+    names = list(runners)
+    for name in names:
+        runners[name](prompts[0])
+    runs = _Runs()
+    for r in range(repeats):
+        order = names[r % len(names):] + names[: r % len(names)]
+        for p in prompts:
+            for name in order:
+                runs.add(name, p.id, runners[name](p))
+            if on_progress is not None:
+                on_progress()
+    return runs
+
+
+def _metrics(runs: _Runs, row: str, prompts: list[Prompt], repeats: int) -> Metrics:
+    rows, plain = runs.by_row[row], runs.by_row[PLAIN]
+    ids = [p.id for p in prompts]
+    row_t = [sum(rows[i][r].stats.total_s for i in ids) for r in range(repeats)]
+    plain_t = [sum(plain[i][r].stats.total_s for i in ids) for r in range(repeats)]
+    tokens = sum(len(rows[i][0].token_ids) for i in ids)
+    tps = [tokens / t for t in row_t]
+    speed = [pt / t for pt, t in zip(plain_t, row_t, strict=True)]
+    stats = [rows[i][0].stats for i in ids]
+    steps = sum(s.n_steps for s in stats)
+    tree_row = row not in (PLAIN, HF)
+    return Metrics(
+        prompts=len(ids), new_tokens=tokens,
+        tau=(1 + sum(s.accepted for s in stats) / steps) if tree_row and steps else (1.0 if row == PLAIN else None),
+        verified_per_step=sum(s.verified for s in stats) / steps if tree_row and steps else None,
+        drafted_per_step=sum(s.drafted for s in stats) / steps if tree_row and steps else None,
+        tokens_per_s=statistics.median(tps), tokens_per_s_range=(min(tps), max(tps)),
+        speedup=statistics.median(speed), speedup_range=(min(speed), max(speed)),
+        policy_ms_per_step=1000 * sum(s.policy_s for s in stats) / steps if tree_row and steps else None,
+        overhead_share=_overhead(stats) if tree_row else None,
+        mismatches=sum(rows[i][0].token_ids != plain[i][0].token_ids for i in ids),
+    )
+
+
+def _overhead(stats: list) -> float:
+    other = sum(s.other_s for s in stats)
+    busy = sum(s.draft_s + s.verify_s + s.other_s for s in stats)
+    return other / busy if busy else 0.0
+
+
+def summarize(runs: _Runs, specs: dict[str, str], prompts: list[Prompt], cfg: BenchConfig,
+              wall_s: float, skipped: dict[str, str] | None = None) -> BenchResult:
+    domains = sorted({p.domain for p in prompts})
+    rows: dict[str, RowResult] = {}
+    for key in runs.by_row:
+        overall = _metrics(runs, key, prompts, cfg.repeats)
+        per = {d: _metrics(runs, key, [p for p in prompts if p.domain == d], cfg.repeats) for d in domains}
+        name = key.split("@", 1)[0]
+        cand = RowResult(**overall.model_dump(), spec=specs.get(key), per_domain=per)
+        if name not in rows or cand.tokens_per_s > rows[name].tokens_per_s:
+            rows[name] = cand  # a multi-candidate row keeps its fastest candidate
+    env = {"torch": torch.__version__, "transformers": transformers.__version__, "python": platform.python_version(),
+           "threads": str(torch.get_num_threads()), "machine": platform.machine(), "processor": platform.processor()}
+    return BenchResult(config=cfg, policies=rows, environment=env, wall_s=wall_s, skipped=skipped or {})

@@ -1,0 +1,165 @@
+"""``treewise tune`` (Optuna tunes per-domain budgets against measured speedup) and ``treewise report``.
+
+Several workers may run ``treewise tune`` on one storage at once (give each ``--worker`` and its own
+``--seed``, then finish with ``--trials 0``, which writes the budgets and runs the held-out comparison).
+``optuna-dashboard sqlite:///runs/tune.db`` (or ``optuna-dashboard PATH`` for a journal file) shows the
+same studies in a browser while they run.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+from typing import Annotated
+
+import optuna
+import typer
+from pydantic import ValidationError
+from rich.console import Console
+
+from decoder import TreewiseError
+
+from .report import LiveTuneView, print_report, save_plots
+from .results import TuneReport, build_report, open_storage
+from .search import SearchSpace, TuneConfig, resolve_domains, tune
+
+_T = TuneConfig()
+
+
+def _write_json(report: TuneReport, path: Path, console: Console, extra: dict | None = None) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({**report.model_dump(mode="json"), **(extra or {})}, indent=2) + "\n")
+    console.print(f"wrote {path}")
+
+
+def _fail(console: Console, message: str) -> typer.Exit:
+    console.print(f"[red]error:[/red] {message}")
+    return typer.Exit(2)
+
+
+def _validation_message(err: ValidationError) -> str:
+    e = err.errors()[0]
+    return f"--{'-'.join(str(x) for x in e['loc']).replace('_', '-')}: {e['msg']}"
+
+
+def _command_line(ctx: typer.Context) -> str:
+    """The options given on the command line (not defaults), for the budgets file's provenance."""
+    parts = ["treewise", ctx.info_name or "tune"]
+    for param in ctx.command.params:
+        source = ctx.get_parameter_source(param.name or "")
+        if source is None or source.name != "COMMANDLINE":  # typer may bundle its own click: compare by name
+            continue
+        value = ctx.params[param.name or ""]
+        if isinstance(value, bool):
+            parts += [param.opts[0]] if value else []
+        else:
+            values = value if isinstance(value, (list, tuple)) else [value]
+            parts += [x for v in values for x in (param.opts[0], str(v))]
+    return shlex.join(parts)
+
+
+def tune_cmd(
+    ctx: typer.Context,
+    domain: Annotated[list[str] | None, typer.Option(help="domain to tune (repeatable) or all")] = None,
+    trials: Annotated[int, typer.Option(help="more trials per domain (added to the study); 0 only finalises")]
+    = _T.trials,
+    storage: Annotated[str, typer.Option(help="Optuna storage URL; journal:///PATH for a journal file")]
+    = _T.storage,
+    study_name: Annotated[str, typer.Option(help="study prefix; each domain's study is NAME-DOMAIN")]
+    = _T.study_name,
+    suite: Annotated[Path, typer.Option(help="prompt suite folder")] = _T.suite,
+    family: Annotated[list[str] | None, typer.Option(help="policy families to search (repeatable): "
+                                                          "static, confidence, learned")] = None,
+    per_domain: Annotated[int, typer.Option(help="tune-split prompts per domain")] = _T.per_domain,
+    heldout_per_domain: Annotated[int, typer.Option(help="test-split prompts per domain; 0 skips")]
+    = _T.heldout_per_domain,
+    max_new_tokens: Annotated[int, typer.Option()] = _T.max_new_tokens,
+    repeats: Annotated[int, typer.Option(help="interleaved plain/policy repeats per prompt")] = _T.repeats,
+    seed: Annotated[int | None, typer.Option(help="sampler seed (give each worker its own)")] = _T.seed,
+    timeout: Annotated[float | None, typer.Option(help="seconds per domain before stopping its trials")] = None,
+    pruner: Annotated[str, typer.Option(help="median or none")] = _T.pruner,
+    pruner_warmup: Annotated[int, typer.Option(help="prompts measured before pruning")] = _T.pruner_warmup_steps,
+    predictor: Annotated[Path | None, typer.Option(help="predictor folder (default: data/predictor)")] = None,
+    budgets_out: Annotated[Path, typer.Option(help="budgets file to write")] = _T.budgets_out,
+    worker: Annotated[bool, typer.Option("--worker", help="only run trials: no budgets file, no held-out run")]
+    = False,
+    target: Annotated[str | None, typer.Option(help="target id or folder (default: embedded pair)")] = None,
+    draft: Annotated[str | None, typer.Option(help="draft id or folder")] = None,
+    json_out: Annotated[Path | None, typer.Option("--json", help="write the report as JSON")] = None,
+    plots: Annotated[Path | None, typer.Option(help="folder for history and importance PNGs")] = None,
+) -> None:
+    """Tune each domain's tree budget with Optuna against speedup measured over plain decoding."""
+    console = Console()
+    optuna.logging.set_verbosity(optuna.logging.ERROR)  # the live table shows each trial and failure reason
+    domains = None if not domain or "all" in domain else domain
+    try:
+        space = SearchSpace(families=tuple(family)) if family else _T.space
+    except ValidationError as err:
+        raise _fail(console, f"--family {' '.join(family or [])}: {err.errors()[0]['msg']}") from None
+    try:
+        cfg = TuneConfig(domains=domains, trials=trials, storage=storage, study_name=study_name, suite=suite,
+                         per_domain=per_domain, heldout_per_domain=heldout_per_domain, max_new_tokens=max_new_tokens,
+                         repeats=repeats, seed=seed, timeout_s=timeout, pruner=pruner,
+                         pruner_warmup_steps=pruner_warmup, space=space, predictor=predictor,
+                         budgets_out=budgets_out, finalize=not worker, target=target, draft=draft)
+    except ValidationError as err:
+        raise _fail(console, _validation_message(err)) from None
+    _run(cfg, _command_line(ctx), console, json_out, plots)
+
+
+def _run(cfg: TuneConfig, command: str, console: Console, json_out: Path | None, plots: Path | None) -> None:
+    """Tune under the live view, then print, plot and write what came out."""
+    try:
+        names = resolve_domains(cfg)
+        console.print(f"[dim]tuning {', '.join(names)}: loading models...[/dim]")
+        with LiveTuneView(console, names, cfg.trials) as view:  # drawn once the trials start
+            result = tune(cfg, on_trial=view.on_trial, on_start=view.start, command=command)
+    except TreewiseError as err:
+        raise _fail(console, str(err)) from None
+    except KeyboardInterrupt:
+        console.print(f"[yellow]interrupted[/yellow]: finished trials are saved in {cfg.storage}; rerun the same "
+                      "command to continue")
+        raise typer.Exit(130) from None
+    print_report(result.report, console, result.notes)
+    console.print(f"tuning took {result.wall_s:.0f} s")
+    if result.budgets_path is not None:
+        console.print(f"wrote {result.budgets_path}")
+    elif cfg.finalize:
+        console.print("[red]no trial completed in any domain: no budgets written[/red]")
+    _outputs(result.report, cfg.storage, console, json_out, plots,
+             {"budgets_path": str(result.budgets_path) if result.budgets_path else None, "notes": result.notes,
+              "wall_s": result.wall_s})
+    if cfg.finalize and result.budgets_path is None:
+        raise typer.Exit(1)
+
+
+def _outputs(report: TuneReport, storage: str, console: Console, json_out: Path | None, plots: Path | None,
+             extra: dict | None = None) -> None:
+    if plots is not None:
+        for path in save_plots(open_storage(storage, must_exist=True), report, plots):
+            console.print(f"wrote {path}")
+    if json_out is not None:
+        _write_json(report, json_out, console, extra)
+
+
+def report_cmd(
+    storage: Annotated[str, typer.Option(help="the Optuna storage URL `treewise tune` used")] = _T.storage,
+    study_name: Annotated[str, typer.Option(help="the study prefix `treewise tune` used")] = _T.study_name,
+    json_out: Annotated[Path | None, typer.Option("--json", help="write the report as JSON")] = None,
+    plots: Annotated[Path | None, typer.Option(help="folder for history and importance PNGs")] = None,
+) -> None:
+    """Reprint a tuning report from storage alone (no models loaded, nothing decoded)."""
+    console = Console()
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    try:
+        report = build_report(open_storage(storage, must_exist=True), study_name, storage_url=storage)
+    except TreewiseError as err:
+        raise _fail(console, str(err)) from None
+    print_report(report, console)
+    _outputs(report, storage, console, json_out, plots)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("tune")(tune_cmd)
+    app.command("report")(report_cmd)

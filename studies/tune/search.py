@@ -1,0 +1,392 @@
+"""Optuna tunes each domain's tree budget against speedup measured over plain target decoding.
+
+One study per domain, named ``<study>-<domain>``: each domain has its own optimum and TPE models one
+objective, so separate studies give per-domain history, pruning baselines and importances without a domain
+parameter diluting them. Each study's user attrs name its prefix, domain and search space (a resumed
+study must keep its space) and, once finalised, its held-out evaluation, so ``treewise report`` rebuilds
+everything from storage alone (:mod:`studies.tune.results`).
+
+Storage is any Optuna URL: ``sqlite:///runs/tune.db`` (default; heartbeats mark trials of a killed worker
+failed), ``postgresql://...`` or ``mysql+pymysql://...`` for several machines, or ``journal:///PATH`` (a
+journal file, the safest choice for several processes on one machine). Studies are opened with
+``load_if_exists``, so after Ctrl-C or kill -9 the same command continues where it stopped and several
+workers may run it at once. ``optuna-dashboard sqlite:///runs/tune.db`` (or ``optuna-dashboard PATH`` for a
+journal file) browses the same studies live.
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Literal
+
+import optuna
+from optuna.trial import FrozenTrial, Trial
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from controller import (
+    AcceptanceModel,
+    BudgetsFile,
+    DomainBudget,
+    LatencyProfile,
+    Provenance,
+    load_budgets,
+    load_or_measure,
+    policy_from_budget,
+    save_budgets,
+)
+from controller.budgets import BUDGETS_FILE
+from decoder import GenerationResult, TreeDecoder, TreePolicy, TreewiseError
+from studies.shared.measure import BenchConfig, load_bench_decoder, select_prompts
+from studies.shared.paths import data_dir
+from studies.shared.suites import Prompt, load_suite
+
+from .results import (
+    HeldoutResult,
+    TuneError,
+    TuneReport,
+    best_trial,
+    build_report,
+    evaluate_heldout,
+    open_storage,
+    study_name_for,
+)
+
+Family = Literal["static", "confidence", "learned"]
+PolicyFactory = Callable[[DomainBudget], TreePolicy]
+TrialCallback = Callable[[str, FrozenTrial], None]
+
+
+class GreedyMismatchError(TreewiseError):
+    """A policy's greedy output differs from plain decoding: the decoder lost losslessness."""
+
+
+class IntRange(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    low: int
+    high: int
+    log: bool = False
+
+
+class FloatRange(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    low: float
+    high: float
+    log: bool = False
+
+
+class SearchSpace(BaseModel):
+    """The budget parameters Optuna searches; names match :class:`DomainBudget` fields (the only bounds)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    families: tuple[Family, ...] = ("static", "confidence", "learned")
+    node_budget: IntRange = IntRange(low=2, high=64, log=True)
+    max_depth: IntRange = IntRange(low=1, high=8)
+    max_width: IntRange = IntRange(low=1, high=6)
+    threshold: FloatRange = FloatRange(low=1e-3, high=0.3, log=True)  # learned only
+    cost_scale: FloatRange = FloatRange(low=0.0, high=3.0)  # learned only
+
+    @model_validator(mode="after")
+    def _check(self) -> SearchSpace:
+        if not self.families or len(set(self.families)) != len(self.families):
+            raise ValueError(f"families must be a non-empty list without repeats, got {list(self.families)}")
+        for name in ("node_budget", "max_depth", "max_width", "threshold", "cost_scale"):
+            rng = getattr(self, name)
+            field = DomainBudget.model_fields[name]
+            lo = next(m.ge for m in field.metadata if hasattr(m, "ge"))
+            hi = next(m.le for m in field.metadata if hasattr(m, "le"))
+            if not lo <= rng.low <= rng.high <= hi:
+                raise ValueError(f"{name} range {rng.low}..{rng.high} must satisfy {lo} <= low <= high <= {hi}")
+            if rng.log and rng.low <= 0:
+                raise ValueError(f"{name}: a log range needs low > 0, got {rng.low}")
+        return self
+
+    def sample(self, trial: Trial) -> DomainBudget:
+        """One budget; threshold and cost_scale exist only for the learned family (conditional parameters)."""
+        family = trial.suggest_categorical("policy", list(self.families))
+        names = ["node_budget", "max_depth", "max_width"] + (["threshold", "cost_scale"] if family == "learned" else [])
+        values: dict[str, int | float] = {}
+        for name in names:
+            rng = getattr(self, name)
+            suggest = trial.suggest_int if isinstance(rng, IntRange) else trial.suggest_float
+            values[name] = suggest(name, rng.low, rng.high, log=rng.log)
+        return DomainBudget(policy=family, **values)
+
+
+class TuneConfig(BaseModel):
+    """Every default of ``treewise tune``; the CLI reads its defaults from here."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    domains: list[str] | None = None  # None: every domain of the suite's tune split
+    trials: int = Field(20, ge=0, description="more trials per domain in this call; 0 only finalises")
+    timeout_s: float | None = Field(None, gt=0, description="stop a domain's trials after this many seconds")
+    storage: str = "sqlite:///runs/tune.db"
+    study_name: str = "treewise"
+    suite: Path = Field(default_factory=lambda: data_dir() / "prompts")
+    split: str = "tune"
+    heldout_split: str = "test"
+    per_domain: int = Field(3, ge=1, description="tune prompts per domain")
+    heldout_per_domain: int = Field(3, ge=0, description="held-out prompts per domain; 0 skips the evaluation")
+    max_new_tokens: int = Field(48, ge=1)
+    repeats: int = Field(2, ge=1, description="interleaved plain/policy repeats per prompt")
+    seed: int | None = 0
+    pruner: Literal["median", "none"] = "median"
+    pruner_startup_trials: int = Field(3, ge=0)
+    pruner_warmup_steps: int = Field(1, ge=0, description="prompts measured before a trial may be pruned")
+    heartbeat_s: int = Field(60, ge=1, description="RDB storages: a worker silent 2x this long is failed")
+    space: SearchSpace = SearchSpace()
+    predictor: Path | None = None  # None: data/predictor when present
+    latency_cache: Path = Path("runs/latency")
+    budgets_out: Path = Field(default_factory=lambda: data_dir() / BUDGETS_FILE)
+    finalize: bool = True  # False: a worker that only runs trials (no budgets file, no held-out run)
+    target: str | None = None  # default: the embedded pair
+    draft: str | None = None
+
+
+class TuneResult(BaseModel):
+    report: TuneReport
+    budgets_path: Path | None
+    wall_s: float
+    notes: list[str]
+
+
+@dataclass(frozen=True)
+class _Setup:
+    """What every trial of one tune call shares."""
+
+    dec: TreeDecoder
+    space: SearchSpace
+    factory: PolicyFactory
+    predictor: AcceptanceModel | None
+    latency: LatencyProfile | None
+    notes: list[str]
+
+
+def tune(cfg: TuneConfig, *, dec: TreeDecoder | None = None, predictor: AcceptanceModel | None = None,
+         policy_factory: PolicyFactory | None = None, on_trial: TrialCallback | None = None,
+         on_start: Callable[[], None] | None = None, command: str | None = None) -> TuneResult:
+    """Run ``cfg.trials`` more trials per domain, then (``cfg.finalize``) write budgets and evaluate held out.
+
+    ``on_start`` is called once setup (suite, storage, models, predictor) has passed, before the first trial;
+    ``on_trial`` after each trial; ``predictor`` and ``policy_factory`` replace the ones found on disk (tests).
+    """
+    t0 = time.perf_counter()
+    domains = resolve_domains(cfg)
+    prompts = {d: select_prompts(_bench_cfg(cfg, cfg.split, [d], cfg.per_domain)) for d in domains}
+    storage = open_storage(cfg.storage, cfg.heartbeat_s)
+    setup = _setup(cfg, dec or load_bench_decoder(_bench_cfg(cfg, cfg.split, None, 1)), predictor, policy_factory)
+    studies = {d: _open_study(storage, cfg, d, setup.space) for d in domains}
+    if on_start is not None:
+        on_start()
+    for domain, study in studies.items():
+        if cfg.trials == 0:
+            continue
+        callbacks = [lambda _s, t, d=domain: on_trial(d, t)] if on_trial is not None else []
+        study.optimize(lambda trial, d=domain: _objective(trial, setup, cfg, prompts[d]), n_trials=cfg.trials,
+                       timeout=cfg.timeout_s, catch=(Exception,), callbacks=callbacks)
+    budgets_path = None
+    if cfg.finalize:
+        budgets_path = _finalize(storage, cfg, domains, setup, time.perf_counter() - t0, command)
+    report = build_report(storage, cfg.study_name, domains, storage_url=cfg.storage)
+    return TuneResult(report=report, budgets_path=budgets_path, wall_s=time.perf_counter() - t0, notes=setup.notes)
+
+
+def resolve_domains(cfg: TuneConfig) -> list[str]:
+    """The requested domains, each checked against the suite's tune split; None means all of them."""
+    available = sorted({p.domain for p in load_suite(cfg.suite, cfg.split)})
+    if not available:
+        raise TuneError(f"{cfg.suite} has no prompts in split {cfg.split!r}: rebuild the suite with tune prompts")
+    if cfg.domains is None:
+        return available
+    unknown = [d for d in cfg.domains if d not in available]
+    if unknown:
+        raise TuneError(f"domain(s) {unknown} have no {cfg.split!r} prompts in {cfg.suite}: use one of "
+                        f"{available} or all")
+    return list(dict.fromkeys(cfg.domains))
+
+
+def _bench_cfg(cfg: TuneConfig, split: str, domains: list[str] | None, per_domain: int) -> BenchConfig:
+    return BenchConfig(suite=cfg.suite, split=split, domains=domains, per_domain=per_domain,
+                       max_new_tokens=cfg.max_new_tokens, repeats=cfg.repeats, trees={}, hf_assisted=False,
+                       target=cfg.target, draft=cfg.draft)
+
+
+def _setup(cfg: TuneConfig, dec: TreeDecoder, predictor: AcceptanceModel | None,
+           factory: PolicyFactory | None) -> _Setup:
+    """Load the predictor when the learned family (or the defaults row) can use one; else drop that family."""
+    notes: list[str] = []
+    space = cfg.space
+    if predictor is None:
+        path = cfg.predictor or data_dir() / "predictor"
+        if cfg.predictor is not None and not path.is_dir():
+            raise TuneError(f"--predictor {path}: no such folder; train one with `treewise train` or omit it")
+        if path.is_dir():
+            from predictor import AcceptancePredictor
+
+            predictor = AcceptancePredictor.load(path)
+    if predictor is None and "learned" in space.families and factory is None:
+        if space.families == ("learned",):
+            raise TuneError("the learned family needs an acceptance predictor: train one into data/predictor/ "
+                            "(`treewise train`), pass --predictor DIR, or add --family static/confidence")
+        space = space.model_copy(update={"families": tuple(f for f in space.families if f != "learned")})
+        notes.append(f"no predictor (no {data_dir() / 'predictor'}, no --predictor): the learned family is left "
+                     f"out; searching {list(space.families)}")
+    latency = load_or_measure(dec, cfg.latency_cache) if predictor is not None else None
+    if factory is None:
+        def factory(budget: DomainBudget) -> TreePolicy:
+            return policy_from_budget(budget, predictor, latency)
+    return _Setup(dec, space, factory, predictor, latency, notes)
+
+
+def _open_study(storage: optuna.storages.BaseStorage, cfg: TuneConfig, domain: str,
+                space: SearchSpace) -> optuna.Study:
+    """Create or resume ``<study>-<domain>``; a resumed study must keep its search space."""
+    name = study_name_for(cfg.study_name, domain)
+    trials_so_far = 0
+    try:
+        existing = optuna.load_study(study_name=name, storage=storage)
+        trials_so_far = len(existing.get_trials(deepcopy=False))
+    except KeyError:
+        pass
+    # A resumed seeded sampler would replay its first random points; offsetting by the trial count avoids it.
+    seed = None if cfg.seed is None else cfg.seed + trials_so_far
+    pruner: optuna.pruners.BasePruner = (
+        optuna.pruners.MedianPruner(n_startup_trials=cfg.pruner_startup_trials, n_warmup_steps=cfg.pruner_warmup_steps)
+        if cfg.pruner == "median" else optuna.pruners.NopPruner()
+    )
+    study = optuna.create_study(storage=storage, study_name=name, direction="maximize", load_if_exists=True,
+                                sampler=optuna.samplers.TPESampler(seed=seed), pruner=pruner)
+    stored = study.user_attrs.get("space")
+    if stored is None:
+        study.set_user_attr("treewise_prefix", cfg.study_name)
+        study.set_user_attr("domain", domain)
+        study.set_user_attr("space", space.model_dump(mode="json"))
+    elif SearchSpace.model_validate(stored) != space:
+        raise TuneError(f"study {name!r} in {cfg.storage} was created with search space {stored}; this call "
+                        f"searches {space.model_dump(mode='json')}: pass the same --family options (and "
+                        "predictor availability) or use a new --study-name")
+    return study
+
+
+def _objective(trial: Trial, setup: _Setup, cfg: TuneConfig, prompts: list[Prompt]) -> float:
+    try:
+        budget = setup.space.sample(trial)
+        trial.set_user_attr("budget", budget.model_dump(mode="json"))
+        return _measure_trial(trial, setup.dec, setup.factory(budget), cfg, prompts)
+    except optuna.TrialPruned:
+        raise
+    except Exception as err:  # recorded with the trial so the report can say why it failed
+        trial.set_user_attr("fail_reason", f"{type(err).__name__}: {err}")
+        raise
+
+
+def _measure_trial(trial: Trial, dec: TreeDecoder, policy: TreePolicy, cfg: TuneConfig,
+                   prompts: list[Prompt]) -> float:
+    """Plain vs policy per prompt, warm, interleaved with alternating order; speedup = sum plain / sum policy."""
+    def run_policy(p: Prompt) -> GenerationResult:
+        return dec.generate(p.prompt, cfg.max_new_tokens, tree=policy, domain=p.domain, prompt_id=p.id)
+
+    def run_plain(p: Prompt) -> GenerationResult:
+        return dec.generate_plain(p.prompt, cfg.max_new_tokens)
+
+    run_plain(prompts[0])  # warm-up: allocator and kernel caches, the policy's first-call costs
+    run_policy(prompts[0])
+    rows: list[dict[str, object]] = []
+    plain_total = policy_total = 0.0
+    for i, p in enumerate(prompts):
+        plain: list[GenerationResult] = []
+        pol: list[GenerationResult] = []
+        for r in range(cfg.repeats):
+            pairs = [(run_plain, plain), (run_policy, pol)]
+            for runner, out in pairs if (i + r) % 2 == 0 else pairs[::-1]:
+                out.append(runner(p))
+        _check_greedy(p, plain, pol, trial.params)
+        plain_s, pol_s = [x.stats.total_s for x in plain], [x.stats.total_s for x in pol]
+        plain_total, policy_total = plain_total + sum(plain_s), policy_total + sum(pol_s)
+        rows.append({"id": p.id, "plain_s": plain_s, "policy_s": pol_s, "tau": pol[0].stats.tau,
+                     "new_tokens": len(pol[0].token_ids)})
+        running = plain_total / policy_total
+        trial.report(running, i)
+        _record(trial, rows, running, policy_total, plain_total)
+        if trial.should_prune():
+            raise optuna.TrialPruned(f"speedup {running:.3f} after {i + 1} prompts is below the median")
+    return plain_total / policy_total
+
+
+def _check_greedy(p: Prompt, plain: list[GenerationResult], pol: list[GenerationResult],
+                  params: dict[str, object]) -> None:
+    ref = plain[0].token_ids
+    for res in plain[1:] + pol:
+        if res.token_ids != ref:
+            at = next((k for k, (a, b) in enumerate(zip(ref, res.token_ids, strict=False)) if a != b),
+                      min(len(ref), len(res.token_ids)))
+            raise GreedyMismatchError(
+                f"prompt {p.id}: greedy output differs from plain decoding at new token {at} "
+                f"(budget {params}); tree decoding must be lossless, so this is a decoder bug: report it")
+
+
+def _record(trial: Trial, rows: list[dict[str, object]], speedup: float, policy_s: float, plain_s: float) -> None:
+    """Measured figures with the trial (also for pruned trials, up to where they stopped)."""
+    steps_tau = [float(r["tau"]) for r in rows]  # type: ignore[arg-type]
+    tokens = sum(int(r["new_tokens"]) for r in rows)  # type: ignore[call-overload]
+    repeats = len(rows[0]["policy_s"])  # type: ignore[arg-type]
+    trial.set_user_attr("speedup", speedup)
+    trial.set_user_attr("tau", sum(steps_tau) / len(steps_tau))
+    trial.set_user_attr("tokens_per_s", tokens * repeats / policy_s)
+    trial.set_user_attr("plain_tokens_per_s", tokens * repeats / plain_s)
+    trial.set_user_attr("prompts", rows)
+
+
+def _finalize(storage: optuna.storages.BaseStorage, cfg: TuneConfig, domains: list[str], setup: _Setup,
+              wall_s: float, command: str | None) -> Path | None:
+    """Best budget per domain -> budgets file; held-out comparison stored with each domain's study."""
+    tuned: dict[str, DomainBudget] = {}
+    static: dict[str, DomainBudget] = {}
+    trials = 0
+    for domain in domains:
+        study = optuna.load_study(study_name=study_name_for(cfg.study_name, domain), storage=storage)
+        trials += len(study.get_trials(deepcopy=False))
+        best = best_trial(study)
+        if best is not None:
+            tuned[domain] = DomainBudget.model_validate(best.user_attrs["budget"])
+        best_static = best_trial(study, family="static")
+        static[domain] = (DomainBudget.model_validate(best_static.user_attrs["budget"]) if best_static
+                          else DomainBudget(policy="static"))
+    if not tuned:
+        return None
+    path = _write_budgets(cfg, tuned, trials, wall_s, command)
+    if cfg.heldout_per_domain > 0:
+        bench = _bench_cfg(cfg, cfg.heldout_split, sorted(tuned), cfg.heldout_per_domain)
+        results: dict[str, HeldoutResult] = evaluate_heldout(setup.dec, bench, tuned, static, setup.predictor,
+                                                             setup.latency)
+        for domain, res in results.items():
+            study = optuna.load_study(study_name=study_name_for(cfg.study_name, domain), storage=storage)
+            study.set_user_attr("heldout", res.model_dump(mode="json"))
+    return path
+
+
+def _write_budgets(cfg: TuneConfig, tuned: dict[str, DomainBudget], trials: int, wall_s: float,
+                   command: str | None) -> Path:
+    """Merge into an existing file (other domains and its default kept) and record provenance."""
+    previous = load_budgets(cfg.budgets_out) if cfg.budgets_out.exists() else None
+    kept = sorted(set(previous.domains) - set(tuned)) if previous else []
+    notes = f"tuned domains: {', '.join(sorted(tuned))}; split {cfg.split}, {cfg.per_domain} prompts/domain, " \
+            f"{cfg.max_new_tokens} new tokens, {cfg.repeats} repeats"
+    if kept:
+        notes += f"; kept from the previous file: {', '.join(kept)}"
+    provenance = Provenance(
+        command=command or shlex.join(sys.argv), trials=trials, wall_s=round(wall_s, 1),
+        created=datetime.now(timezone.utc).isoformat(timespec="seconds"), study_name=cfg.study_name,
+        storage=cfg.storage, notes=notes,
+    )
+    budgets = BudgetsFile(default=previous.default if previous else DomainBudget(),
+                          domains={**(previous.domains if previous else {}), **tuned}, provenance=provenance)
+    return save_budgets(budgets, cfg.budgets_out)
+
