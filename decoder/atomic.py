@@ -37,3 +37,27 @@ def write_bytes_atomic(path: str | Path, data: bytes, mode: int = 0o644) -> Path
     with atomic_path(path, mode) as tmp:
         tmp.write_bytes(data)
     return Path(path)
+
+
+def create_exclusive(path: str | Path, data: bytes, mode: int = 0o644) -> bool:
+    """Create ``path`` holding ``data`` unless it exists; False when another writer created it first.
+
+    The content is complete before it gets its name (a hard link from a synced temp file), so a reader
+    never sees a half-written file, and of two concurrent creators exactly one wins.
+    """
+    file = Path(path)
+    file.parent.mkdir(parents=True, exist_ok=True)
+    fd, name = tempfile.mkstemp(prefix=f".{file.name}.", suffix=".tmp", dir=file.parent)
+    try:
+        view = memoryview(data)
+        while view:  # a short write (a full disk raises) must not be linked as complete
+            view = view[os.write(fd, view):]
+        os.fsync(fd)
+        os.fchmod(fd, mode)
+        os.link(name, file)
+        return True
+    except FileExistsError:
+        return False
+    finally:
+        os.close(fd)
+        os.unlink(name)

@@ -17,6 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from decoder.atomic import atomic_path
+from decoder.errors import TreewiseError
 
 SCHEMA_VERSION = "1"
 METADATA_KEY = b"treewise.schema_version"
@@ -70,7 +71,7 @@ SCHEMA = pa.schema(
 )
 
 
-class NodeLogError(ValueError):
+class NodeLogError(TreewiseError):
     """A node log file is missing, malformed or of another schema version."""
 
 
@@ -154,14 +155,40 @@ def read_node_logs(path: str | Path) -> pa.Table:
     files = sorted(path.rglob("*.parquet")) if path.is_dir() else [path]
     if not files:
         raise NodeLogError(f"no node-log parquet files under {path}: run `treewise collect` first")
-    tables = []
-    for f in files:
+    return pa.concat_tables([_read_part(f) for f in files])
+
+
+def _read_part(f: Path) -> pa.Table:
+    """One part file, checked: a truncated or corrupt file (a crash mid-copy, a full disk) is named."""
+    try:
         meta = pq.read_schema(f).metadata or {}
-        version = meta.get(METADATA_KEY, b"?").decode()
-        if version != SCHEMA_VERSION:
-            raise NodeLogError(
-                f"{f}: node-log schema version {version!r}, this treewise reads {SCHEMA_VERSION!r}; "
-                "re-collect the logs with this version"
-            )
-        tables.append(pq.read_table(f, schema=SCHEMA))
-    return pa.concat_tables(tables)
+    except (pa.ArrowException, OSError) as err:
+        raise NodeLogError(f"{f}: truncated or corrupt parquet file ({_first_line(err)}); {_FIX}") from None
+    version = meta.get(METADATA_KEY, b"?").decode(errors="replace")
+    if version != SCHEMA_VERSION:
+        raise NodeLogError(
+            f"{f}: node-log schema version {version!r}, this treewise reads {SCHEMA_VERSION!r}; "
+            "re-collect the logs with this version"
+        )
+    try:
+        return pq.read_table(f, schema=SCHEMA)
+    except (pa.ArrowException, OSError) as err:
+        raise NodeLogError(f"{f}: corrupt node-log parquet file ({_first_line(err)}); {_FIX}") from None
+
+
+_FIX = "rerun the `treewise collect` that wrote it (a resume re-collects damaged prompts) or delete it"
+
+
+def _first_line(err: Exception) -> str:
+    """The first sentence of an Arrow message (they run to several)."""
+    text = (str(err).splitlines() or [type(err).__name__])[0]
+    return text.split(". ")[0].rstrip(".")
+
+
+def part_is_readable(path: Path) -> bool:
+    """Whether a node-log part has an intact parquet footer of this schema version (cheap: no data read)."""
+    try:
+        meta = pq.read_schema(path).metadata or {}
+    except (pa.ArrowException, OSError):
+        return False
+    return meta.get(METADATA_KEY) == SCHEMA_VERSION.encode()

@@ -90,3 +90,32 @@ def test_reader_errors(tmp_path) -> None:
                    tmp_path / "old.parquet")
     with pytest.raises(NodeLogError, match="schema version"):
         read_node_logs(tmp_path)
+
+
+def _one_part(dec, folder) -> "object":
+    with NodeLogWriter(folder) as log:
+        dec.generate("abc", max_new_tokens=6, tree=StaticTree(2, 2), log=log, prompt_id="p")
+    return log.written[-1]
+
+
+@pytest.mark.parametrize("damage", ["truncated", "garbage", "empty", "bad_page"])
+def test_damaged_part_is_named_not_a_traceback(dec, tmp_path, damage) -> None:
+    from decoder import TreewiseError
+    from decoder.nodelog import part_is_readable
+
+    good = _one_part(dec, tmp_path)
+    bad = tmp_path / "nodes-bad.parquet"
+    data = good.read_bytes()
+    if damage == "truncated":  # a crash mid-copy, a full disk
+        bad.write_bytes(data[: len(data) // 2])
+    elif damage == "garbage":
+        bad.write_bytes(b"not parquet at all\n")
+    elif damage == "empty":
+        bad.write_bytes(b"")
+    else:  # footer intact, a data page overwritten
+        bad.write_bytes(data[:8] + b"\xff" * 200 + data[208:])
+    with pytest.raises(TreewiseError, match=f"{bad}: .*(truncated or corrupt|corrupt node-log).*treewise collect"):
+        read_node_logs(tmp_path)
+    assert part_is_readable(good)
+    assert part_is_readable(bad) == (damage == "bad_page")
+    assert isinstance(NodeLogError("x"), TreewiseError)  # the CLI's one-line handler catches it
