@@ -1,23 +1,19 @@
-"""`treewise study acceptance`: the cross-domain acceptance study of a collected run."""
+"""`treewise study acceptance`: the cross-domain acceptance study of a collected run.
+
+No numpy, pyarrow or matplotlib at import: the command imports the study when it runs."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import typer
-from pydantic import ValidationError
 from rich.console import Console
 
-from decoder import NodeLogError, TreewiseError
-from studies.shared.commands import fail, write_json
-from studies.shared.runs import load_run
-from studies.shared.suites import SuiteError
+from studies.shared.commands import fail, user_errors, write_json
 
-from .report import markdown_report, print_report, write_figures
-from .study import StudyConfig, analyze
+from .config import StudyConfig
 
 console = Console()
-_USER_ERRORS = (TreewiseError, SuiteError, NodeLogError, ValidationError)
 
 
 study_app = typer.Typer(no_args_is_help=True, add_completion=False, help="Studies over collected runs.")
@@ -36,12 +32,17 @@ def acceptance_cmd(
     entropy_bins: int = typer.Option(_STUDY.entropy_bins, help="Quantile bins of draft entropy."),
 ) -> None:
     """Cross-domain acceptance study of a collected run: tables, seed claims, figures."""
+    from studies.shared.runs import load_run
+
+    from .report import markdown_report, print_report, write_figures
+    from .study import analyze
+
     try:
         cfg = StudyConfig(bootstrap_reps=bootstrap_reps, seed=seed, folds=folds, entropy_bins=entropy_bins)
         data = load_run(run)
         study = analyze(data.nodes, data.steps, data.prompts, cfg, run=str(run), tree=data.manifest.tree,
                         temperature=data.manifest.temperature)
-    except _USER_ERRORS as err:
+    except user_errors() as err:
         fail(console, err)
     print_report(study, console, missing=data.missing)
     if json_out is not None:

@@ -10,9 +10,10 @@ from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict
 
 from .claims import SEED, Claim, SeedReference, judge_claims, judged_domains
+from .config import StudyConfig
 from .results import DomainStats, DomainVsDepth, Rate
 from .stats import (
     BootstrapResult,
@@ -48,17 +49,6 @@ DEFINITIONS: dict[str, str] = {
     "depth-only rate model against one global rate; reduction in nats per verified node; CIs resample "
     "prompts",
 }
-
-
-class StudyConfig(BaseModel):
-    """Defaults of `treewise study acceptance` (the CLI reads its option defaults from here)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    bootstrap_reps: int = Field(1000, ge=0, description="bootstrap replicates (prompt resampling)")
-    seed: int = Field(0, description="seed of the bootstrap and of the fold split")
-    folds: int = Field(5, ge=1, description="prompt folds of the out-of-fold log-loss")
-    entropy_bins: int = Field(10, ge=1, description="quantile bins of draft entropy for the acceptance curve")
 
 
 class AcceptanceStudy(BaseModel):

@@ -1,29 +1,39 @@
-"""``treewise bench`` and ``treewise decode``."""
+"""``treewise bench``, ``treewise decode`` and ``treewise latency``.
+
+No torch at import: each command imports the decoder and controller when it runs, so ``--help`` is fast.
+"""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from controller import measure_latency
-from decoder import DEFAULTS, TreeDecoder, TreewiseError
-from decoder.atomic import write_bytes_atomic
-from studies.shared.measure import BenchConfig, load_bench_decoder, select_prompts
+from studies.shared.config import BenchConfig
 from studies.shared.paths import data_dir, default_pair
-from studies.shared.treespec import build_tree
 
-from .report import print_bench, step_table
-from .rows import run_bench
+if TYPE_CHECKING:
+    from decoder import DecodeConfig
 
 _B = BenchConfig()
-# --policy NAME for kinds whose spec needs parameters
-_POLICY_SPECS = {"static": f"static:width={DEFAULTS.width},depth={DEFAULTS.depth}", "chain": "chain:length=4"}
+_FROM_DECODER = "the decoder's DecodeConfig"
+
+
+def _decode_defaults() -> DecodeConfig:
+    from decoder import DEFAULTS
+
+    return DEFAULTS
+
+
+def _policy_spec(policy: str) -> str:
+    """--policy NAME: kinds whose spec needs parameters get the decoder's defaults."""
+    d = _decode_defaults()
+    return {"static": f"static:width={d.width},depth={d.depth}", "chain": "chain:length=4"}.get(policy, policy)
 
 
 def bench(
@@ -41,6 +51,12 @@ def bench(
     json_out: Annotated[Path | None, typer.Option("--json", help="write the result as JSON")] = None,
 ) -> None:
     """Tokens/s and speedup of tree policies vs plain decoding vs HF assisted generation, side by side."""
+    from decoder import TreewiseError
+    from studies.shared.measure import load_bench_decoder, select_prompts
+
+    from .report import print_bench
+    from .rows import run_bench
+
     console = Console()
     trees = dict(_B.trees)
     for item in tree or []:
@@ -69,23 +85,32 @@ def bench(
 
 def decode(
     prompt: Annotated[str, typer.Argument(help="the prompt text")],
-    tree: Annotated[str, typer.Option(help="tree spec")] = f"static:width={DEFAULTS.width},depth={DEFAULTS.depth}",
+    tree: Annotated[str | None, typer.Option(
+        help="tree spec [default: static with the width and depth of the decoder's DecodeConfig]")] = None,
     policy: Annotated[str | None, typer.Option(
         help="a policy by name with its defaults: learned, budgeted, confidence, dynamic_chain, chain "
              "(overrides --tree)",
     )] = None,
-    max_new_tokens: Annotated[int, typer.Option()] = DEFAULTS.max_new_tokens,
-    temperature: Annotated[float, typer.Option(help="0 = greedy")] = DEFAULTS.temperature,
+    max_new_tokens: int = typer.Option(default_factory=lambda: _decode_defaults().max_new_tokens,
+                                       show_default=_FROM_DECODER),
+    temperature: float = typer.Option(default_factory=lambda: _decode_defaults().temperature,
+                                      show_default=_FROM_DECODER, help="0 = greedy"),
     seed: Annotated[int | None, typer.Option()] = None,
     domain: Annotated[str, typer.Option()] = "unknown",
     target: Annotated[str | None, typer.Option(help="target id or folder (default: embedded pair)")] = None,
     draft: Annotated[str | None, typer.Option(help="draft id or folder")] = None,
 ) -> None:
     """Decode one prompt, streaming the text, then print the step statistics."""
+    from decoder import TreeDecoder, TreewiseError
+    from studies.shared.treespec import build_tree
+
+    from .report import step_table
+
     console = Console()
     t_default, d_default = default_pair()
+    spec = _policy_spec(policy) if policy is not None else tree if tree is not None else _policy_spec("static")
     try:
-        tree_policy = build_tree(tree if policy is None else _POLICY_SPECS.get(policy, policy))
+        tree_policy = build_tree(spec)
         dec = TreeDecoder.from_pretrained(target or t_default, draft or d_default)
         shown: list[int] = []
 
@@ -112,6 +137,10 @@ def latency(
     context: Annotated[int, typer.Option(help="cached tokens under each timed forward")] = 128,
 ) -> None:
     """Measure the pair's forward latency by tree size (LearnedTree's cost model) and write it as JSON."""
+    from controller import measure_latency
+    from decoder import TreeDecoder, TreewiseError
+    from decoder.atomic import write_bytes_atomic
+
     console = Console()
     t_default, d_default = default_pair()
     try:

@@ -1,24 +1,28 @@
-"""`treewise collect`: decode a prompt suite and write node, step and prompt logs into a run folder."""
+"""`treewise collect`: decode a prompt suite and write node, step and prompt logs into a run folder.
+
+No torch at import: the command imports the collector when it runs, so `--help` is fast."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
-from pydantic import ValidationError
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from decoder import NodeLogError, TreeDecoder, TreewiseError
-from studies.shared.commands import fail, option_default, write_json
-from studies.shared.runs import PromptRecord, read_records
-from studies.shared.suites import SuiteError
+from studies.shared.commands import fail, option_default, user_errors, write_json
 
-from .collector import CollectConfig, CollectPlan, CollectSummary, load_decoder, plan_collect, run_collect, summarize
+from .config import CollectConfig
+
+if TYPE_CHECKING:
+    from decoder import TreeDecoder
+    from studies.shared.runs import PromptRecord
+
+    from .collector import CollectPlan, CollectSummary
 
 console = Console()
-_USER_ERRORS = (TreewiseError, SuiteError, NodeLogError, ValidationError)
 
 
 def collect_cmd(
@@ -41,6 +45,10 @@ def collect_cmd(
     json_out: Path = typer.Option(None, "--json", help="Write the collect summary as JSON here."),
 ) -> None:
     """Decode a prompt suite with the tree decoder and write node, step and prompt logs."""
+    from studies.shared.runs import read_records
+
+    from .collector import load_decoder, plan_collect, summarize
+
     try:
         cfg = CollectConfig(out=out, suite=suite, split=split, domains=domain or None, tree=tree,
                             max_new_tokens=max_new_tokens, temperature=temperature, seed=seed, shard=shard,
@@ -54,7 +62,7 @@ def collect_cmd(
             summary = _run_with_progress(plan, decoder)
         else:
             summary = summarize(plan, read_records(plan.layout.records_dir), 0, {}, 0.0)
-    except _USER_ERRORS as err:
+    except user_errors() as err:
         fail(console, err)
     _print_collect_summary(summary)
     if json_out is not None:
@@ -62,6 +70,8 @@ def collect_cmd(
 
 
 def _run_with_progress(plan: CollectPlan, decoder: TreeDecoder) -> CollectSummary:
+    from .collector import run_collect
+
     totals: dict[str, int] = {}
     finished: dict[str, int] = {}
     for p in plan.prompts:

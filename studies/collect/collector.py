@@ -16,10 +16,9 @@ from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel
 
 from decoder import SCHEMA_VERSION, NodeLogWriter, TreeDecoder, TreewiseError
-from studies.shared.paths import data_dir
 from studies.shared.runs import (
     PromptRecord,
     RunManifest,
@@ -34,25 +33,7 @@ from studies.shared.runs import (
 from studies.shared.suites import Prompt, load_suite
 from studies.shared.treespec import parse_tree_spec
 
-
-class CollectConfig(BaseModel):
-    """Defaults of `treewise collect` (the CLI reads its option defaults from here)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    out: Path
-    suite: Path = Field(default_factory=lambda: data_dir() / "prompts")
-    split: str = "all"
-    domains: list[str] | None = None
-    tree: str = "static:width=2,depth=3"
-    max_new_tokens: int = Field(128, ge=1)
-    temperature: float = Field(0.0, ge=0.0)
-    seed: int = 0
-    shard: str = "1/1"
-    target: Path = Field(default_factory=lambda: data_dir() / "models" / "target")
-    draft: Path = Field(default_factory=lambda: data_dir() / "models" / "draft")
-    device: str | None = None
-    check_greedy: bool = True  # greedy runs: decode each prompt with plain target greedy too
+from .config import CollectConfig
 
 
 def parse_shard(text: str) -> tuple[int, int]:

@@ -1,31 +1,47 @@
 """`treewise train` and `treewise evaluate` (the acceptance predictor from node logs) and `treewise train-domains`
-(the ``domain="auto"`` classifier from a suite's train split)."""
+(the ``domain="auto"`` classifier from a suite's train split).
+
+No torch, LightGBM or matplotlib at import: each command imports what it runs, so `--help` is fast."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from pydantic import ValidationError
 from rich.console import Console
 
-from controller.domains import CLASSIFIER_FILE, DomainClassifierConfig
-from decoder import TreewiseError
-from decoder.nodelog import NodeLogError
-from predictor.config import DEFAULT_MODEL_DIR, PredictorConfig
-from predictor.evaluate import evaluate
-from predictor.features import FeatureSchemaError
-from predictor.model import AcceptancePredictor, PredictorError, train
 from studies.shared.paths import data_dir
 
-from .data import read_runs, train_on_suite
-from .report import accuracy_table, confusion_table, markdown_tables, print_evaluation, print_training, write_plots
+if TYPE_CHECKING:
+    from predictor.config import PredictorConfig
 
-_DEFAULTS = PredictorConfig()
-_C = DomainClassifierConfig()
-_EXPECTED = (PredictorError, FeatureSchemaError, NodeLogError)
+# The predictor's and the classifier's defaults live in predictor.config and controller.domains, which import
+# torch (through the decoder); they are read when a command runs, and --help names where they live.
+_PREDICTOR_DEFAULT = "PredictorConfig's"
+_MODEL_DIR = "data/predictor, predictor.config.DEFAULT_MODEL_DIR"
+
+
+def _model_dir() -> Path:
+    from predictor.config import DEFAULT_MODEL_DIR
+
+    return DEFAULT_MODEL_DIR
+
+
+def _classifier_path() -> Path:
+    from controller.domains import CLASSIFIER_FILE
+
+    return data_dir() / CLASSIFIER_FILE
+
+
+def _expected() -> tuple[type[Exception], ...]:
+    from decoder.nodelog import NodeLogError
+    from predictor.features import FeatureSchemaError
+    from predictor.model import PredictorError
+
+    return (PredictorError, FeatureSchemaError, NodeLogError)
 
 
 def _fail(console: Console, message: str) -> typer.Exit:
@@ -34,6 +50,8 @@ def _fail(console: Console, message: str) -> typer.Exit:
 
 
 def _config(console: Console, config_file: Path | None, overrides: dict[str, Any]) -> PredictorConfig:
+    from predictor.config import PredictorConfig
+
     try:
         base = json.loads(config_file.read_text()) if config_file else {}
         return PredictorConfig.model_validate(base | {k: v for k, v in overrides.items() if v is not None})
@@ -53,21 +71,27 @@ _LOGS_HELP = "Run folders (runs/NAME/, read from their nodes/ subfolder) or node
 
 def train_command(
     logs: list[Path] = typer.Argument(..., help=_LOGS_HELP),
-    out: Path = typer.Option(DEFAULT_MODEL_DIR, "--out", help="Folder for model.txt, schema, metrics."),
-    label: str | None = typer.Option(None, "--label", help=f"hard|soft (default {_DEFAULTS.label})."),
+    out: Path = typer.Option(default_factory=_model_dir, show_default=_MODEL_DIR,
+                             help="Folder for model.txt, schema, metrics."),
+    label: str | None = typer.Option(None, "--label", help=f"hard|soft (default: {_PREDICTOR_DEFAULT})."),
     calibration: str | None = typer.Option(
-        None, "--calibration", help=f"none|isotonic (default {_DEFAULTS.calibration})."
+        None, "--calibration", help=f"none|isotonic (default: {_PREDICTOR_DEFAULT})."
     ),
-    seed: int | None = typer.Option(None, "--seed", help=f"Split and LightGBM seed (default {_DEFAULTS.seed})."),
+    seed: int | None = typer.Option(None, "--seed", help=f"Split and LightGBM seed (default: {_PREDICTOR_DEFAULT})."),
     config_file: Path | None = typer.Option(None, "--config", help="PredictorConfig JSON; flags override it."),
     json_out: Path | None = typer.Option(None, "--json", help="Also write the training metrics here."),
 ) -> None:
     """Train the LightGBM acceptance predictor on node logs (split by prompt, early stopping, calibration)."""
+    from predictor.model import train
+
+    from .data import read_runs
+    from .report import print_training
+
     console = Console()
     config = _config(console, config_file, {"label": label, "calibration": calibration, "seed": seed})
     try:
         predictor = train(read_runs(logs), config)
-    except _EXPECTED as err:
+    except _expected() as err:
         raise _fail(console, str(err)) from None
     predictor.save(out)
     if json_out:
@@ -77,7 +101,8 @@ def train_command(
 
 def evaluate_command(
     logs: list[Path] = typer.Argument(..., help=_LOGS_HELP),
-    model: Path = typer.Option(DEFAULT_MODEL_DIR, "--model", help="Folder written by `treewise train`."),
+    model: Path = typer.Option(default_factory=_model_dir, show_default=_MODEL_DIR,
+                               help="Folder written by `treewise train`."),
     json_out: Path | None = typer.Option(None, "--json", help="Write the full evaluation here."),
     plots: Path | None = typer.Option(None, "--plots", help="Folder for calibration.png and importance.png."),
     ablation: bool = typer.Option(False, "--ablation", help="Retrain without each feature group (same split)."),
@@ -87,13 +112,19 @@ def evaluate_command(
     latency_calls: int = typer.Option(300, "--latency-calls", help="predict_batch calls timed per batch size."),
 ) -> None:
     """Score a predictor on the test prompts against draft-prob, entropy, table and HF-threshold baselines."""
+    from predictor.evaluate import evaluate
+    from predictor.model import AcceptancePredictor
+
+    from .data import read_runs
+    from .report import markdown_tables, print_evaluation, write_plots
+
     console = Console()
     try:
         predictor = AcceptancePredictor.load(model)
         report = evaluate(predictor, read_runs(logs), ablation=ablation, compare_labels=compare_labels,
                           ablation_seeds=ablation_seeds,
                           latency_calls=latency_calls).to_dict()
-    except _EXPECTED as err:
+    except _expected() as err:
         raise _fail(console, str(err)) from None
     report = {"model": str(model), "logs": [str(p) for p in logs]} | report
     print_evaluation(console, report)
@@ -109,12 +140,20 @@ def evaluate_command(
 
 def train_domains(
     suite: Annotated[Path, typer.Option(help="prompt suite folder of <domain>.jsonl")] = data_dir() / "prompts",
-    out: Annotated[Path, typer.Option(help="where to write the classifier .npz")] = data_dir() / CLASSIFIER_FILE,
+    out: Path = typer.Option(default_factory=_classifier_path, help="where to write the classifier .npz",
+                             show_default="data/domain_classifier.npz, controller.domains.CLASSIFIER_FILE"),
     json_out: Annotated[Path | None, typer.Option("--json", help="also write the test report as JSON")] = None,
-    buckets: Annotated[int | None, typer.Option(help=f"hashed feature buckets (default {_C.buckets})")] = None,
-    alpha: Annotated[float | None, typer.Option(help=f"count smoothing (default {_C.alpha})")] = None,
+    buckets: Annotated[int | None, typer.Option(help="hashed feature buckets (default: DomainClassifierConfig's)")]
+    = None,
+    alpha: Annotated[float | None, typer.Option(help="count smoothing (default: DomainClassifierConfig's)")] = None,
 ) -> None:
     """Train the domain classifier for domain="auto" on the train split; report test accuracy and confusion."""
+    from controller.domains import DomainClassifierConfig
+    from decoder import TreewiseError
+
+    from .data import train_on_suite
+    from .report import accuracy_table, confusion_table
+
     console = Console()
     overrides = {k: v for k, v in {"buckets": buckets, "alpha": alpha}.items() if v is not None}
     try:

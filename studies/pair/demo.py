@@ -6,24 +6,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import typer
-from pydantic import BaseModel
-from rich.console import Console
-from rich.table import Table
 
 from decoder import StaticTree, TreeDecoder, TreePolicy
 from studies.shared.paths import data_dir
 from studies.shared.suites import Prompt, load_suite
 
-
-class DemoConfig(BaseModel):
-    """Defaults of `treewise demo`."""
-
-    per_domain: int = 2
-    max_new_tokens: int = 48  # keeps the demo under a minute on 2 shared cores
-    width: int = 2
-    depth: int = 3  # StaticTree(2, 3): the fastest tree in the card's shape search (Chain(2) was close)
-    threads: int = 2
+from .config import DemoConfig
 
 
 @dataclass
@@ -111,39 +99,3 @@ def run_demo(cfg: DemoConfig, data: Path | None = None) -> list[DemoRow]:
             )
         )
     return rows
-
-
-def demo_cmd(
-    per_domain: int = typer.Option(DemoConfig().per_domain, help="Test prompts per domain."),
-    max_new_tokens: int = typer.Option(DemoConfig().max_new_tokens, help="New tokens per prompt."),
-    width: int = typer.Option(DemoConfig().width, help="Static tree width."),
-    depth: int = typer.Option(DemoConfig().depth, help="Static tree depth."),
-    threads: int = typer.Option(DemoConfig().threads, help="torch threads."),
-) -> None:
-    """Decode two test prompts per domain with the embedded pair: tree vs plain target decoding."""
-    cfg = DemoConfig(per_domain=per_domain, max_new_tokens=max_new_tokens, width=width, depth=depth, threads=threads)
-    console = Console()
-    rows = run_demo(cfg)
-    table = Table(title=f"treewise demo: StaticTree(width={width}, depth={depth}) vs target.generate")
-    for name in ("domain", "new", "tau", "tok/s", "plain", "speedup"):
-        table.add_column(name, no_wrap=True)
-    table.add_column("text", no_wrap=True, overflow="ellipsis", max_width=20)
-    for r in rows:
-        table.add_row(
-            r.domain,
-            str(r.new_tokens),
-            f"{r.tau:.2f}",
-            f"{r.tokens_per_s:.0f}",
-            f"{r.plain_tokens_per_s:.0f}",
-            f"{r.speedup:.2f}x",
-            repr(r.text[:40]),
-        )
-    console.print(table)
-    tok = sum(r.new_tokens for r in rows)
-    tree_s = sum(r.new_tokens / r.tokens_per_s for r in rows if r.tokens_per_s)
-    plain_s = sum(r.new_tokens / r.plain_tokens_per_s for r in rows if r.plain_tokens_per_s)
-    console.print(
-        f"all: {tok} tokens, mean tau {sum(r.tau for r in rows) / len(rows):.2f}, "
-        f"tree {tok / tree_s:.0f} tok/s vs plain {tok / plain_s:.0f} tok/s ({plain_s / tree_s:.2f}x); "
-        f"tree output identical to plain greedy in {sum(r.same_as_plain for r in rows)}/{len(rows)} prompts"
-    )

@@ -11,25 +11,12 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from pydantic import BaseModel
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreTrainedModel
 
 from studies.shared.suites import load_suite
 
+from .config import EvalConfig
 from .corpus.build import DOMAINS
-
-
-class EvalConfig(BaseModel):
-    """Defaults of `treewise pair-report`."""
-
-    models: Path = Path("data/models")
-    work: Path = Path("runs/pair")
-    prompts: Path = Path("data/prompts")
-    windows: int = 12  # held-out windows of `window` tokens per domain
-    window: int = 512
-    gen_prompts: int = 8  # test prompts per domain decoded greedily for repetition and samples
-    gen_tokens: int = 96
-    threads: int = 2
 
 
 @dataclass

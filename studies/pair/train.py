@@ -18,7 +18,6 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
-from pydantic import BaseModel, Field, model_validator
 from safetensors.torch import load_file, save_file
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
@@ -26,50 +25,11 @@ from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTra
 from decoder.atomic import atomic_path
 from decoder.errors import TreewiseError
 
-from .corpus.build import DOMAINS, Corpus, CorpusConfig, build_corpus
+from .config import ModelShape, PairConfig
+from .corpus.build import DOMAINS, Corpus, build_corpus
 
 EOS = "<|endoftext|>"
 PAD = "<pad>"
-
-
-class ModelShape(BaseModel):
-    layers: int = Field(ge=1)
-    hidden: int = Field(ge=8)
-    heads: int = Field(ge=1)
-    ffn: int = Field(ge=8)
-
-    @model_validator(mode="after")
-    def _heads_divide_width(self) -> ModelShape:
-        if self.hidden % self.heads or (self.hidden // self.heads) % 2:
-            raise ValueError(f"hidden {self.hidden} must split into {self.heads} heads of an even size (RoPE)")
-        return self
-
-
-class PairConfig(BaseModel):
-    """Defaults of `treewise train-pair` (the CLI reads them from here)."""
-
-    minutes: float = 70.0  # training budget for both models together (corpus and tokenizer not counted)
-    threads: int = 2
-    out: Path = Path("data/models")
-    work: Path = Path("runs/pair")
-    seed: int = 1234
-    vocab_size: int = 6144
-    context: int = 512  # max_position_embeddings; every `long_every`-th step trains on windows this long
-    window: int = 256  # other steps use shorter windows: attention backward on CPU is costly at 512
-    batch: int = 16  # rows per step at `window` tokens (a quarter of that on long steps)
-    long_every: int = 6
-    target: ModelShape = ModelShape(layers=12, hidden=192, heads=3, ffn=512)
-    draft: ModelShape = ModelShape(layers=1, hidden=128, heads=2, ffn=384)
-    target_share: float = 0.72  # of the minutes; the draft step also runs the target forward (distillation)
-    lr_target: float = 2e-3
-    lr_draft: float = 3e-3
-    distill_weight: float = 0.7  # draft loss = w * KL(target || draft) + (1 - w) * cross-entropy
-    checkpoint_every_s: float = 180.0
-    corpus: CorpusConfig = CorpusConfig()
-    # Warm start: a folder with target/ and draft/ from an earlier run on the same tokenizer; each stage starts
-    # from those weights (with a fresh optimizer and schedule) unless `work` already holds its checkpoint.
-    init_from: Path | None = None
-    device: str = "auto"  # "auto": CUDA when present (a larger pair fits a GPU's budget), else the CPU
 
 
 def resolve_device(name: str) -> torch.device:

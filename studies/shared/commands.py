@@ -16,6 +16,17 @@ def option_default(model: type[BaseModel], name: str) -> Any:
     return model.model_fields[name].get_default(call_default_factory=True)
 
 
+def user_errors() -> tuple[type[Exception], ...]:
+    """Errors whose message names the problem and its fix: printed in one line, no traceback.
+
+    Imported when a command runs (the decoder imports torch); ``SuiteError`` and ``RunError`` are
+    ``TreewiseError``s.
+    """
+    from decoder import NodeLogError, TreewiseError
+
+    return (TreewiseError, NodeLogError, ValidationError)
+
+
 def fail(console: Console, err: Exception | str, code: int = 2) -> NoReturn:
     """Print the error's first line (pydantic's messages run long) and exit with ``code``."""
     text = str(err).splitlines()[0] if isinstance(err, ValidationError) else str(err)

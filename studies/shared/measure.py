@@ -15,43 +15,15 @@ from pathlib import Path
 
 import torch
 import transformers
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
 from decoder import GenerationResult, TreeDecoder, TreewiseError
 
-from .paths import data_dir, default_pair
+from .config import BenchConfig
+from .paths import default_pair
 from .suites import Prompt, load_suite
 
 PLAIN, HF = "plain", "hf_assisted"
-
-
-class BenchConfig(BaseModel):
-    """Every default of ``treewise bench``; the CLI reads its defaults from here."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    suite: Path = Field(default_factory=lambda: data_dir() / "prompts")
-    split: str = "test"
-    domains: list[str] | None = None
-    per_domain: int = 3  # prompts per domain (0 = all)
-    max_new_tokens: int = 64
-    repeats: int = 3
-    target: str | None = None  # default: the embedded pair
-    draft: str | None = None
-    # Tree rows: row name -> candidate specs; a row with several candidates reports its fastest one.
-    trees: dict[str, list[str]] = Field(default_factory=lambda: {
-        "chain": ["chain:length=4"],
-        "static": ["static:width=2,depth=3", "static:width=3,depth=2", "static:branching=4-2-1-1"],
-        "confidence": ["confidence:budget=16,max_depth=5,top_k=4"],
-        "dynamic_chain": ["dynamic_chain"],
-        "learned": ["learned"],
-        "budgeted": ["budgeted"],  # the controller's default: per-domain family and size from data/budgets.json
-    })
-    hf_assisted: bool = True
-    # HF assisted generation settings, set on the draft's generation_config (5.x leaves them unset).
-    hf_num_assistant_tokens: int = 20
-    hf_schedule: str = "constant"
-    hf_confidence_threshold: float = 0.4
 
 
 class Metrics(BaseModel):

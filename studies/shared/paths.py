@@ -1,5 +1,22 @@
-"""Where the shipped data lives (re-exported from the decoder, the lowest layer that needs it)."""
+"""Where the shipped data lives: ``data/`` next to the packages, or $TREEWISE_DATA.
 
-from decoder.paths import data_dir, default_pair
+The same rule as ``decoder.paths``, restated here because importing anything under ``decoder`` imports
+torch, and the CLI reads these defaults before it knows whether a command will decode at all;
+tests/studies/test_cli.py holds the two equal.
+"""
 
-__all__ = ["data_dir", "default_pair"]
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def data_dir() -> Path:
+    env = os.environ.get("TREEWISE_DATA")
+    return Path(env) if env else Path(__file__).resolve().parents[2] / "data"
+
+
+def default_pair() -> tuple[Path, Path]:
+    """The embedded target and draft folders."""
+    models = data_dir() / "models"
+    return models / "target", models / "draft"

@@ -4,6 +4,8 @@ Several workers may run ``treewise tune`` on one storage at once (give each ``--
 ``--seed``, then finish with ``--trials 0``, which writes the budgets and runs the held-out comparison).
 ``optuna-dashboard sqlite:///runs/tune.db`` (or ``optuna-dashboard PATH`` for a journal file) shows the
 same studies in a browser while they run.
+
+No optuna or torch at import: each command imports the tuner when it runs, so `--help` is fast.
 """
 
 from __future__ import annotations
@@ -11,20 +13,24 @@ from __future__ import annotations
 import json
 import shlex
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
-import optuna
 import typer
 from pydantic import ValidationError
 from rich.console import Console
 
-from decoder import TreewiseError
+from studies.shared.commands import option_default
 
-from .report import LiveTuneView, print_report, save_plots
-from .results import TuneReport, build_report, open_storage
-from .search import SearchSpace, TuneConfig, resolve_domains, tune
+from .config import SearchSpace, TuneConfig, default_budgets_path
 
-_T = TuneConfig()
+if TYPE_CHECKING:
+    from .results import TuneReport
+
+
+def _t(name: str) -> Any:
+    """A TuneConfig default; read field by field because building a TuneConfig validates its search space
+    against the controller's bounds, which imports torch."""
+    return option_default(TuneConfig, name)
 
 
 def _write_json(report: TuneReport, path: Path, console: Console, extra: dict | None = None) -> None:
@@ -63,25 +69,26 @@ def tune_cmd(
     ctx: typer.Context,
     domain: Annotated[list[str] | None, typer.Option(help="domain to tune (repeatable) or all")] = None,
     trials: Annotated[int, typer.Option(help="more trials per domain (added to the study); 0 only finalises")]
-    = _T.trials,
+    = _t("trials"),
     storage: Annotated[str, typer.Option(help="Optuna storage URL; journal:///PATH for a journal file")]
-    = _T.storage,
+    = _t("storage"),
     study_name: Annotated[str, typer.Option(help="study prefix; each domain's study is NAME-DOMAIN")]
-    = _T.study_name,
-    suite: Annotated[Path, typer.Option(help="prompt suite folder")] = _T.suite,
+    = _t("study_name"),
+    suite: Annotated[Path, typer.Option(help="prompt suite folder")] = _t("suite"),
     family: Annotated[list[str] | None, typer.Option(help="policy families to search (repeatable): "
                                                           "static, confidence, learned")] = None,
-    per_domain: Annotated[int, typer.Option(help="tune-split prompts per domain")] = _T.per_domain,
+    per_domain: Annotated[int, typer.Option(help="tune-split prompts per domain")] = _t("per_domain"),
     heldout_per_domain: Annotated[int, typer.Option(help="test-split prompts per domain; 0 skips")]
-    = _T.heldout_per_domain,
-    max_new_tokens: Annotated[int, typer.Option()] = _T.max_new_tokens,
-    repeats: Annotated[int, typer.Option(help="interleaved plain/policy repeats per prompt")] = _T.repeats,
-    seed: Annotated[int | None, typer.Option(help="sampler seed (give each worker its own)")] = _T.seed,
+    = _t("heldout_per_domain"),
+    max_new_tokens: Annotated[int, typer.Option()] = _t("max_new_tokens"),
+    repeats: Annotated[int, typer.Option(help="interleaved plain/policy repeats per prompt")] = _t("repeats"),
+    seed: Annotated[int | None, typer.Option(help="sampler seed (give each worker its own)")] = _t("seed"),
     timeout: Annotated[float | None, typer.Option(help="seconds per domain before stopping its trials")] = None,
-    pruner: Annotated[str, typer.Option(help="median or none")] = _T.pruner,
-    pruner_warmup: Annotated[int, typer.Option(help="prompts measured before pruning")] = _T.pruner_warmup_steps,
+    pruner: Annotated[str, typer.Option(help="median or none")] = _t("pruner"),
+    pruner_warmup: Annotated[int, typer.Option(help="prompts measured before pruning")] = _t("pruner_warmup_steps"),
     predictor: Annotated[Path | None, typer.Option(help="predictor folder (default: data/predictor)")] = None,
-    budgets_out: Annotated[Path, typer.Option(help="budgets file to write")] = _T.budgets_out,
+    budgets_out: Path = typer.Option(default_factory=default_budgets_path, help="budgets file to write",
+                                     show_default="data/budgets.json, the controller's BUDGETS_FILE"),
     worker: Annotated[bool, typer.Option("--worker", help="only run trials: no budgets file, no held-out run")]
     = False,
     target: Annotated[str | None, typer.Option(help="target id or folder (default: embedded pair)")] = None,
@@ -90,11 +97,13 @@ def tune_cmd(
     plots: Annotated[Path | None, typer.Option(help="folder for history and importance PNGs")] = None,
 ) -> None:
     """Tune each domain's tree budget with Optuna against speedup measured over plain decoding."""
+    import optuna
+
     console = Console()
     optuna.logging.set_verbosity(optuna.logging.ERROR)  # the live table shows each trial and failure reason
     domains = None if not domain or "all" in domain else domain
     try:
-        space = SearchSpace(families=tuple(family)) if family else _T.space
+        space = SearchSpace(families=tuple(family)) if family else SearchSpace()
     except ValidationError as err:
         raise _fail(console, f"--family {' '.join(family or [])}: {err.errors()[0]['msg']}") from None
     try:
@@ -110,6 +119,11 @@ def tune_cmd(
 
 def _run(cfg: TuneConfig, command: str, console: Console, json_out: Path | None, plots: Path | None) -> None:
     """Tune under the live view, then print, plot and write what came out."""
+    from decoder import TreewiseError
+
+    from .report import LiveTuneView, print_report
+    from .search import resolve_domains, tune
+
     try:
         names = resolve_domains(cfg)
         console.print(f"[dim]tuning {', '.join(names)}: loading models...[/dim]")
@@ -136,6 +150,9 @@ def _run(cfg: TuneConfig, command: str, console: Console, json_out: Path | None,
 
 def _outputs(report: TuneReport, storage: str, console: Console, json_out: Path | None, plots: Path | None,
              extra: dict | None = None) -> None:
+    from .report import save_plots
+    from .results import open_storage
+
     if plots is not None:
         for path in save_plots(open_storage(storage, must_exist=True), report, plots):
             console.print(f"wrote {path}")
@@ -144,12 +161,19 @@ def _outputs(report: TuneReport, storage: str, console: Console, json_out: Path 
 
 
 def report_cmd(
-    storage: Annotated[str, typer.Option(help="the Optuna storage URL `treewise tune` used")] = _T.storage,
-    study_name: Annotated[str, typer.Option(help="the study prefix `treewise tune` used")] = _T.study_name,
+    storage: Annotated[str, typer.Option(help="the Optuna storage URL `treewise tune` used")] = _t("storage"),
+    study_name: Annotated[str, typer.Option(help="the study prefix `treewise tune` used")] = _t("study_name"),
     json_out: Annotated[Path | None, typer.Option("--json", help="write the report as JSON")] = None,
     plots: Annotated[Path | None, typer.Option(help="folder for history and importance PNGs")] = None,
 ) -> None:
     """Reprint a tuning report from storage alone (no models loaded, nothing decoded)."""
+    import optuna
+
+    from decoder import TreewiseError
+
+    from .report import print_report
+    from .results import build_report, open_storage
+
     console = Console()
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     try:

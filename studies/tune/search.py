@@ -23,11 +23,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Literal
 
 import optuna
 from optuna.trial import FrozenTrial, Trial
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel
 
 from controller import (
     AcceptanceModel,
@@ -40,12 +39,12 @@ from controller import (
     policy_from_budget,
     save_budgets,
 )
-from controller.budgets import BUDGETS_FILE
 from decoder import GenerationResult, TreeDecoder, TreePolicy, TreewiseError
 from studies.shared.measure import BenchConfig, load_bench_decoder, select_prompts
 from studies.shared.paths import data_dir
 from studies.shared.suites import Prompt, load_suite
 
+from .config import SearchSpace, TuneConfig
 from .results import (
     HeldoutResult,
     TuneError,
@@ -57,97 +56,12 @@ from .results import (
     study_name_for,
 )
 
-Family = Literal["static", "confidence", "learned"]
 PolicyFactory = Callable[[DomainBudget], TreePolicy]
 TrialCallback = Callable[[str, FrozenTrial], None]
 
 
 class GreedyMismatchError(TreewiseError):
     """A policy's greedy output differs from plain decoding: the decoder lost losslessness."""
-
-
-class IntRange(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    low: int
-    high: int
-    log: bool = False
-
-
-class FloatRange(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    low: float
-    high: float
-    log: bool = False
-
-
-class SearchSpace(BaseModel):
-    """The budget parameters Optuna searches; names match :class:`DomainBudget` fields (the only bounds)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    families: tuple[Family, ...] = ("static", "confidence", "learned")
-    node_budget: IntRange = IntRange(low=2, high=64, log=True)
-    max_depth: IntRange = IntRange(low=1, high=8)
-    max_width: IntRange = IntRange(low=1, high=6)
-    threshold: FloatRange = FloatRange(low=1e-3, high=0.3, log=True)  # learned only
-    cost_scale: FloatRange = FloatRange(low=0.0, high=3.0)  # learned only
-
-    @model_validator(mode="after")
-    def _check(self) -> SearchSpace:
-        if not self.families or len(set(self.families)) != len(self.families):
-            raise ValueError(f"families must be a non-empty list without repeats, got {list(self.families)}")
-        for name in ("node_budget", "max_depth", "max_width", "threshold", "cost_scale"):
-            rng = getattr(self, name)
-            field = DomainBudget.model_fields[name]
-            lo = next(m.ge for m in field.metadata if hasattr(m, "ge"))
-            hi = next(m.le for m in field.metadata if hasattr(m, "le"))
-            if not lo <= rng.low <= rng.high <= hi:
-                raise ValueError(f"{name} range {rng.low}..{rng.high} must satisfy {lo} <= low <= high <= {hi}")
-            if rng.log and rng.low <= 0:
-                raise ValueError(f"{name}: a log range needs low > 0, got {rng.low}")
-        return self
-
-    def sample(self, trial: Trial) -> DomainBudget:
-        """One budget; threshold and cost_scale exist only for the learned family (conditional parameters)."""
-        family = trial.suggest_categorical("policy", list(self.families))
-        names = ["node_budget", "max_depth", "max_width"] + (["threshold", "cost_scale"] if family == "learned" else [])
-        values: dict[str, int | float] = {}
-        for name in names:
-            rng = getattr(self, name)
-            suggest = trial.suggest_int if isinstance(rng, IntRange) else trial.suggest_float
-            values[name] = suggest(name, rng.low, rng.high, log=rng.log)
-        return DomainBudget(policy=family, **values)
-
-
-class TuneConfig(BaseModel):
-    """Every default of ``treewise tune``; the CLI reads its defaults from here."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    domains: list[str] | None = None  # None: every domain of the suite's tune split
-    trials: int = Field(20, ge=0, description="more trials per domain in this call; 0 only finalises")
-    timeout_s: float | None = Field(None, gt=0, description="stop a domain's trials after this many seconds")
-    storage: str = "sqlite:///runs/tune.db"
-    study_name: str = "treewise"
-    suite: Path = Field(default_factory=lambda: data_dir() / "prompts")
-    split: str = "tune"
-    heldout_split: str = "test"
-    per_domain: int = Field(3, ge=1, description="tune prompts per domain")
-    heldout_per_domain: int = Field(3, ge=0, description="held-out prompts per domain; 0 skips the evaluation")
-    max_new_tokens: int = Field(48, ge=1)
-    repeats: int = Field(2, ge=1, description="interleaved plain/policy repeats per prompt")
-    seed: int | None = 0
-    pruner: Literal["median", "none"] = "median"
-    pruner_startup_trials: int = Field(3, ge=0)
-    pruner_warmup_steps: int = Field(1, ge=0, description="prompts measured before a trial may be pruned")
-    heartbeat_s: int = Field(60, ge=1, description="RDB storages: a worker silent 2x this long is failed")
-    space: SearchSpace = SearchSpace()
-    predictor: Path | None = None  # None: data/predictor when present
-    latency_cache: Path = Path("runs/latency")
-    budgets_out: Path = Field(default_factory=lambda: data_dir() / BUDGETS_FILE)
-    finalize: bool = True  # False: a worker that only runs trials (no budgets file, no held-out run)
-    target: str | None = None  # default: the embedded pair
-    draft: str | None = None
 
 
 class TuneResult(BaseModel):

@@ -1,0 +1,72 @@
+"""Defaults of the pair's commands (train-pair, pair-report, demo): light, so the CLI is built without torch."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, Field, model_validator
+
+from .corpus.build import CorpusConfig
+
+
+class ModelShape(BaseModel):
+    layers: int = Field(ge=1)
+    hidden: int = Field(ge=8)
+    heads: int = Field(ge=1)
+    ffn: int = Field(ge=8)
+
+    @model_validator(mode="after")
+    def _heads_divide_width(self) -> ModelShape:
+        if self.hidden % self.heads or (self.hidden // self.heads) % 2:
+            raise ValueError(f"hidden {self.hidden} must split into {self.heads} heads of an even size (RoPE)")
+        return self
+
+
+class PairConfig(BaseModel):
+    """Defaults of `treewise train-pair` (the CLI reads them from here)."""
+
+    minutes: float = 70.0  # training budget for both models together (corpus and tokenizer not counted)
+    threads: int = 2
+    out: Path = Path("data/models")
+    work: Path = Path("runs/pair")
+    seed: int = 1234
+    vocab_size: int = 6144
+    context: int = 512  # max_position_embeddings; every `long_every`-th step trains on windows this long
+    window: int = 256  # other steps use shorter windows: attention backward on CPU is costly at 512
+    batch: int = 16  # rows per step at `window` tokens (a quarter of that on long steps)
+    long_every: int = 6
+    target: ModelShape = ModelShape(layers=12, hidden=192, heads=3, ffn=512)
+    draft: ModelShape = ModelShape(layers=1, hidden=128, heads=2, ffn=384)
+    target_share: float = 0.72  # of the minutes; the draft step also runs the target forward (distillation)
+    lr_target: float = 2e-3
+    lr_draft: float = 3e-3
+    distill_weight: float = 0.7  # draft loss = w * KL(target || draft) + (1 - w) * cross-entropy
+    checkpoint_every_s: float = 180.0
+    corpus: CorpusConfig = CorpusConfig()
+    # Warm start: a folder with target/ and draft/ from an earlier run on the same tokenizer; each stage starts
+    # from those weights (with a fresh optimizer and schedule) unless `work` already holds its checkpoint.
+    init_from: Path | None = None
+    device: str = "auto"  # "auto": CUDA when present (a larger pair fits a GPU's budget), else the CPU
+
+
+class EvalConfig(BaseModel):
+    """Defaults of `treewise pair-report`."""
+
+    models: Path = Path("data/models")
+    work: Path = Path("runs/pair")
+    prompts: Path = Path("data/prompts")
+    windows: int = 12  # held-out windows of `window` tokens per domain
+    window: int = 512
+    gen_prompts: int = 8  # test prompts per domain decoded greedily for repetition and samples
+    gen_tokens: int = 96
+    threads: int = 2
+
+
+class DemoConfig(BaseModel):
+    """Defaults of `treewise demo`."""
+
+    per_domain: int = 2
+    max_new_tokens: int = 48  # keeps the demo under a minute on 2 shared cores
+    width: int = 2
+    depth: int = 3  # StaticTree(2, 3): the fastest tree in the card's shape search (Chain(2) was close)
+    threads: int = 2
