@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -61,3 +62,55 @@ def create_exclusive(path: str | Path, data: bytes, mode: int = 0o644) -> bool:
     finally:
         os.close(fd)
         os.unlink(name)
+
+
+@contextmanager
+def atomic_dir(path: str | Path, owned: Collection[str] = ()) -> Iterator[Path]:
+    """Yield an empty staging folder next to ``path``; on success it replaces ``path`` as a whole.
+
+    For artifacts made of several files that only make sense together (a predictor: model + feature schema
+    + calibration). The old folder is renamed aside, the new one renamed in, then entries of the old one the
+    new one lacks and that are not ``owned`` by the artifact (files a user keeps there) are moved over and the
+    old one removed. A kill at any point
+    leaves either the old or the new folder complete; ``recover_dir`` (run by readers and writers) finishes
+    or undoes an interrupted swap.
+    """
+    final = Path(path)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    recover_dir(final, owned)
+    stage = Path(tempfile.mkdtemp(prefix=f".{final.name}.new-", dir=final.parent))
+    try:
+        yield stage
+        for file in stage.rglob("*"):
+            if file.is_file():
+                with open(file, "rb") as handle:
+                    os.fsync(handle.fileno())
+        os.chmod(stage, 0o755)
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise
+    if final.exists():
+        old = final.parent / f".{final.name}.old-{stage.name.rsplit('-', 1)[-1]}"
+        os.rename(final, old)
+        os.rename(stage, final)
+        _finish_swap(final, old, owned)
+    else:
+        os.rename(stage, final)
+
+
+def recover_dir(path: str | Path, owned: Collection[str] = ()) -> None:
+    """Finish or undo a swap of ``atomic_dir`` that a kill interrupted; a no-op otherwise."""
+    final = Path(path)
+    olds = sorted(final.parent.glob(f".{final.name}.old-*")) if final.parent.is_dir() else []
+    for old in olds:
+        if not final.exists():
+            os.rename(old, final)  # killed between the two renames: the old folder comes back
+        else:
+            _finish_swap(final, old, owned)
+
+
+def _finish_swap(final: Path, old: Path, owned: Collection[str]) -> None:
+    for entry in old.iterdir():
+        if entry.name not in owned and not (final / entry.name).exists():
+            os.rename(entry, final / entry.name)
+    shutil.rmtree(old)
