@@ -67,6 +67,18 @@ class AttentionLayout:
             return next(iter(masks.values()))  # stock models apply a lone 4-D mask to every layer
         return masks  # models with mixed layers take a dict keyed by layer kind
 
+    def batch_mask(self, visible: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor,
+                   dtype: torch.dtype) -> torch.Tensor | dict[str, torch.Tensor]:
+        """Additive masks [B, 1, q, K] from explicit visibility [B, q, K] and positions [B, q], [B, K]."""
+        masks = {}
+        for kind in self.kinds:
+            vis = visible
+            if kind == SLIDING and self.window is not None:
+                vis = vis & ((q_pos[:, :, None] - k_pos[:, None, :]) < self.window)
+            masks[kind] = torch.zeros(vis.shape, dtype=dtype, device=vis.device).masked_fill_(
+                ~vis, torch.finfo(dtype).min)[:, None]
+        return next(iter(masks.values())) if len(masks) == 1 else masks
+
 
 def attention_layout(model: PreTrainedModel, allow_unverified: bool = False) -> AttentionLayout:
     """The model's attention layout, or a TreewiseError naming the class and why it cannot be decoded exactly."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Generator
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -10,6 +11,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from .capability import FULL, AttentionLayout
+from .kvcache import Feed, SoloCache
 from .policy import Candidates, Frontier, LevelPlan, TreePolicy
 from .tree import DraftTree
 from .verify import DraftMode, Sampling
@@ -75,38 +77,38 @@ def _children(exp: _Expanded, mode: DraftMode, gen: torch.Generator | None) -> d
     }
 
 
-class _Drafter:
-    """One step's drafting state: the levels drafted so far and the draft-cache slots they fill."""
+# What a drafter yields: the next forward it needs; what it is sent back: that forward's logits.
+DraftFeeds = Generator[Feed, torch.Tensor, "DraftResult"]
 
-    def __init__(self, model: PreTrainedModel, cache: DynamicCache, seq: torch.Tensor, policy: TreePolicy,
-                 ctx: DraftContext, sampling: Sampling, mode: DraftMode, vocab: int,
-                 gen: torch.Generator | None, layout: AttentionLayout) -> None:
-        self.model, self.cache, self.seq, self.policy, self.ctx = model, cache, seq, policy, ctx
-        self.layout = layout
+
+class Drafter:
+    """One step's drafting for one sequence: the levels drafted so far and the draft-cache slots they fill.
+
+    ``feeds()`` is a generator that yields each draft forward it needs as a ``Feed`` and is sent back that
+    forward's logits, so one sequence (``draft_tree``) or many in lockstep (batched decoding) can drive it.
+    """
+
+    def __init__(self, seq: torch.Tensor, cached: int, policy: TreePolicy, ctx: DraftContext,
+                 sampling: Sampling, mode: DraftMode, vocab: int, gen: torch.Generator | None) -> None:
+        self.seq, self.cached, self.policy, self.ctx = seq, cached, policy, ctx
         self.sampling, self.mode, self.vocab, self.gen = sampling, mode, vocab, gen
         self.device = seq.device
-        self.dtype = next(model.parameters()).dtype
-        self.committed = seq.numel()  # after forward 0 every committed token is in the draft cache
         self.levels: list[dict[str, torch.Tensor]] = []
         self.cand_probs: dict[int, torch.Tensor] = {}  # candidate index (-1 = root) -> draft distribution
         self.fed_anc = torch.zeros(0, 0, dtype=torch.bool)  # [F, F] ancestry among fed slots
-        self.fed_pos = torch.zeros(0, dtype=torch.long, device=self.device)  # [F] position id of each fed slot
         self.n_kept = self.offset = 0
-        self.forward_s = self.policy_s = 0.0
+        self.policy_s = 0.0
         self.forwards = 0
 
-    def run(self) -> DraftResult:
-        exp = self._root() if self.ctx.max_depth >= 1 else None
+    def feeds(self) -> DraftFeeds:
+        exp = (yield from self._root()) if self.ctx.max_depth >= 1 else None
         depth = 0
         while exp is not None:
             depth += 1
-            exp = self._level(exp, depth)
+            exp = yield from self._level(exp, depth)
         return self._result()
 
-    def _forward(self, **kw: object) -> torch.Tensor:
-        t0 = time.perf_counter()
-        logits = self.model(cache=self.cache, use_cache=True, **kw).logits[0]
-        self.forward_s += time.perf_counter() - t0
+    def _probs(self, logits: torch.Tensor) -> torch.Tensor:
         self.forwards += 1
         return self.sampling.probs(_fit_vocab(logits, self.vocab)).cpu()
 
@@ -130,7 +132,7 @@ class _Drafter:
             parent_draft_prob=level["parent_draft_prob"],
         )
 
-    def _root(self) -> _Expanded | None:
+    def _root(self) -> Generator[Feed, torch.Tensor, _Expanded | None]:
         """Ask the policy first; only if it wants children, run forward 0 over the uncached committed tokens."""
         zero, one = torch.zeros(1), torch.ones(1)
         root = {"tokens": self.seq[-1:].cpu(), "parent": torch.full((1,), -1), "sibling_rank": zero.long(),
@@ -139,14 +141,15 @@ class _Drafter:
         counts = self._plan(self._frontier(0, root)).children[:1].clamp(min=0)
         if int(counts.sum()) == 0:
             return None  # plain step: the draft cache catches up on a later step
-        cached = self.cache.get_seq_length()
-        pos = torch.arange(cached, self.seq.numel(), device=self.device)[None]
-        probs = self._forward(input_ids=self.seq[cached:][None], position_ids=pos, logits_to_keep=1)  # [1, V]
+        c = self.seq.numel() - self.cached
+        chain = torch.ones(c, c, dtype=torch.bool).tril()
+        pos = torch.arange(self.cached, self.seq.numel(), device=self.device)
+        probs = self._probs((yield Feed(self.seq[self.cached:], pos, chain, commit=c, keep=1)))  # [1, V]
         self.cand_probs[-1] = probs[0]
         minus = torch.full((1,), -1)
         return _Expanded(probs, counts, minus, minus, zero, one)
 
-    def _level(self, exp: _Expanded, depth: int) -> _Expanded | None:
+    def _level(self, exp: _Expanded, depth: int) -> Generator[Feed, torch.Tensor, _Expanded | None]:
         """Draft the children of ``exp``, let the policy prune them, and expand the chosen ones."""
         level = _children(exp, self.mode, self.gen)
         plan = self._plan(self._frontier(depth, level))
@@ -162,10 +165,10 @@ class _Drafter:
         self.offset += m
         if rows.numel() == 0:
             return None
-        return self._feed(exp, level, rows, counts[rows], start, depth)
+        return (yield from self._feed(exp, level, rows, counts[rows], start, depth))
 
     def _feed(self, exp: _Expanded, level: dict[str, torch.Tensor], rows: torch.Tensor, counts: torch.Tensor,
-              start: int, depth: int) -> _Expanded:
+              start: int, depth: int) -> Generator[Feed, torch.Tensor, _Expanded]:
         """One draft forward over the ``rows`` of this level: each sees the committed prefix and its ancestors."""
         parent_slot = exp.fed_slot[level["row"][rows]]
         f_prev, e = self.fed_anc.shape[0], rows.numel()
@@ -175,10 +178,7 @@ class _Drafter:
         anc[:, f_prev:] = torch.eye(e, dtype=torch.bool)
         self.fed_anc = torch.cat([torch.cat([self.fed_anc, torch.zeros(f_prev, e, dtype=torch.bool)], 1), anc])
         pos = torch.full((e,), self.seq.numel() - 1 + depth, device=self.device)
-        self.fed_pos = torch.cat([self.fed_pos, pos])
-        mask = self.layout.mask(anc.to(self.device), self.committed, self.fed_pos, self.dtype)
-        probs = self._forward(input_ids=level["tokens"][rows].to(self.device)[None], position_ids=pos[None],
-                              attention_mask=mask)  # [e, V]
+        probs = self._probs((yield Feed(level["tokens"][rows].to(self.device), pos, anc)))  # [e, V]
         slots = torch.arange(f_prev, f_prev + e)
         level["fed_slot"][rows] = slots
         self.cand_probs.update(zip((rows + start).tolist(), probs, strict=True))
@@ -215,7 +215,7 @@ class _Drafter:
                  if c < 0 or bool(keep[c])}
         fed_slot = torch.cat([torch.full((1,), -1), fed[keep]])
         cands = replace(cands, tree_index=tree_index)
-        return DraftResult(tree, cands, probs, fed_slot, self.forward_s, self.policy_s, self.forwards)
+        return DraftResult(tree, cands, probs, fed_slot, 0.0, self.policy_s, self.forwards)
 
 
 def draft_tree(model: PreTrainedModel, cache: DynamicCache, seq: torch.Tensor, policy: TreePolicy,
@@ -226,7 +226,17 @@ def draft_tree(model: PreTrainedModel, cache: DynamicCache, seq: torch.Tensor, p
     ``layout`` gives the draft's attention kinds (``capability.attention_layout``); None means all full.
     """
     layout = layout if layout is not None else AttentionLayout((FULL,), None)
-    return _Drafter(model, cache, seq, policy, ctx, sampling, mode, vocab, gen, layout).run()
+    solo = SoloCache(cache, layout, next(model.parameters()).dtype)
+    feeds = Drafter(seq, solo.committed, policy, ctx, sampling, mode, vocab, gen).feeds()
+    forward_s, logits = 0.0, None
+    try:
+        while True:
+            feed = feeds.send(logits)  # the first send(None) starts the generator
+            t0 = time.perf_counter()
+            logits = solo.forward(model, feed)
+            forward_s += time.perf_counter() - t0
+    except StopIteration as done:
+        return replace(done.value, forward_s=forward_s)
 
 
 def _fit_vocab(logits: torch.Tensor, vocab: int) -> torch.Tensor:

@@ -7,14 +7,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
+from .batch import decode_batch, fresh_policy
 from .capability import attention_layout
 from .draft import DraftContext, DraftResult, draft_tree
 from .errors import TreewiseError
-from .kvcache import keep_rows
+from .kvcache import Feed, SoloCache, draft_keep, target_keep
 from .loading import check_pair, load_pair
 from .logrows import RowMeta, step_rows
 from .nodelog import NodeLogWriter
@@ -114,7 +116,46 @@ class TreeDecoder:
         req = self._new_request(self._encode(prompt, max_new_tokens), max_new_tokens)
         gen = torch.Generator().manual_seed(seed) if seed is not None else None
         run = _Run(policy, sampling, draft_mode, gen, domain, prompt_id, run_id, log, stream)
-        stats = self._loop(req, run)
+        return self._result(req, self._loop(req, run))
+
+    @torch.inference_mode()
+    def generate_batch(self, prompts: list[str] | list[list[int]], max_new_tokens: int = DEFAULTS.max_new_tokens,
+                       tree: TreePolicy | None = None, temperature: float = DEFAULTS.temperature,
+                       top_k: int | None = None, top_p: float | None = None,
+                       seed: int | list[int | None] | None = None, domain: str | list[str] = "unknown",
+                       prompt_ids: list[str] | None = None, run_id: str = "", log: NodeLogWriter | None = None,
+                       draft_mode: DraftMode = DEFAULTS.draft_mode) -> list[GenerationResult]:
+        """Decode many prompts together, one shared target forward per step; row i equals ``generate(prompts[i])``.
+
+        Each row gets its own copy of ``tree`` (policies keep per-request state), its own sampler (``seed``:
+        one for every row, or one per row) and its own stop condition; finished rows leave the batch.
+        """
+        if not prompts:
+            raise TreewiseError("generate_batch needs at least one prompt; got an empty list")
+        if len({isinstance(p, str) for p in prompts}) > 1:
+            raise TreewiseError("prompts mix strings and token-id lists: pass all strings or all lists of ids")
+        n = len(prompts)
+        seeds = seed if isinstance(seed, list) else [seed] * n
+        domains = domain if isinstance(domain, list) else [domain] * n
+        ids = prompt_ids if prompt_ids is not None else [""] * n
+        if not len(seeds) == len(domains) == len(ids) == n:
+            raise TreewiseError(f"seed, domain and prompt_ids lists must have one entry per prompt ({n})")
+        encoded = []
+        for i, prompt in enumerate(prompts):
+            try:
+                encoded.append(self._encode(prompt, max_new_tokens))
+            except TreewiseError as err:
+                raise TreewiseError(f"prompt {i}: {err}") from None
+        policy = tree if tree is not None else StaticTree(DEFAULTS.width, DEFAULTS.depth)
+        sampling = Sampling(temperature, top_k, top_p)
+        reqs = [self._new_request(e, max_new_tokens) for e in encoded]
+        runs = [_Run(fresh_policy(policy), sampling, draft_mode,
+                     torch.Generator().manual_seed(s) if s is not None else None, d, pid, run_id, log)
+                for s, d, pid in zip(seeds, domains, ids, strict=True)]
+        stats = decode_batch(self, reqs, runs)
+        return [self._result(r, st) for r, st in zip(reqs, stats, strict=True)]
+
+    def _result(self, req: _Request, stats: GenerationStats) -> GenerationResult:
         text = self.tokenizer.decode(req.generated, skip_special_tokens=True)
         return GenerationResult(text, list(req.generated), req.seq[: req.prompt_len].tolist(), req.finish, stats)
 
@@ -135,17 +176,10 @@ class TreeDecoder:
             logits, verify_s = self._target_forward(req, dr.tree)
             acc = self.verifier(VerifyInput(dr.tree, logits, run.sampling, run.draft_mode, dr.draft_probs,
                                             run.generator))
-            emitted = self._emit(req, dr.tree, acc)
-            if run.log is not None:
-                meta = RowMeta(run.run_id, run.prompt_id, run.domain, ctx.step, ctx.position, req.prompt_len,
-                               ctx.running_accept_rate, ctx.prev_accepted, run.sampling.temperature)
-                run.log.add_step(step_rows(dr.candidates, acc, logits.argmax(-1), self._token_types, meta))
+            emitted, rows = self._settle(req, run, ctx, dr, logits, acc)
+            if rows is not None:
+                run.log.add_step(rows)
             self._commit(req, dr, acc, emitted)
-            if run.stream is not None:
-                run.stream(emitted)
-            tried = int(torch.isin(dr.tree.parents[1:], torch.tensor(acc.path)).sum())
-            run.policy.observe(StepOutcome(ctx.step, dr.tree.size - 1, acc.accepted, tried))
-            req.tried, req.accepted, req.prev_accepted = req.tried + tried, req.accepted + acc.accepted, acc.accepted
             other = time.perf_counter() - t0 - dr.forward_s - verify_s
             stats.steps.append(StepStats(dr.candidates.size, dr.tree.size - 1, acc.accepted, len(emitted),
                                          dr.forwards, dr.forward_s, verify_s, other, dr.policy_s))
@@ -153,6 +187,22 @@ class TreeDecoder:
         if run.log is not None:
             run.log.end_request()
         return stats
+
+    def _settle(self, req: _Request, run: _Run, ctx: DraftContext, dr: DraftResult, logits: torch.Tensor,
+                acc: Acceptance) -> tuple[list[int], dict[str, np.ndarray] | None]:
+        """After verification: emit tokens, stream them, tell the policy; the step's node-log rows if logging."""
+        emitted = self._emit(req, dr.tree, acc)
+        rows = None
+        if run.log is not None:
+            meta = RowMeta(run.run_id, run.prompt_id, run.domain, ctx.step, ctx.position, req.prompt_len,
+                           ctx.running_accept_rate, ctx.prev_accepted, run.sampling.temperature)
+            rows = step_rows(dr.candidates, acc, logits.argmax(-1), self._token_types, meta)
+        if run.stream is not None:
+            run.stream(emitted)
+        tried = int(torch.isin(dr.tree.parents[1:], torch.tensor(acc.path)).sum())
+        run.policy.observe(StepOutcome(ctx.step, dr.tree.size - 1, acc.accepted, tried))
+        req.tried, req.accepted, req.prev_accepted = req.tried + tried, req.accepted + acc.accepted, acc.accepted
+        return emitted, rows
 
     @torch.inference_mode()
     def generate_plain(self, prompt: str | list[int], max_new_tokens: int = DEFAULTS.max_new_tokens,
@@ -187,22 +237,25 @@ class TreeDecoder:
 
     def _target_forward(self, req: _Request, tree: DraftTree) -> tuple[torch.Tensor, float]:
         """One stock forward over the uncached committed tokens plus the tree; logits [n, V] at tree nodes."""
-        cached = req.target_cache.get_seq_length()
-        chain = req.seq[cached:-1]  # committed tokens before the root not yet in the cache
-        c = chain.numel()
-        tokens = torch.cat([chain, tree.tokens.to(self.device)])
-        vis = chain_then_tree(c, tree.ancestor_mask.to(self.device))
-        root_pos = req.seq.numel() - 1
-        pos = torch.cat([torch.arange(cached, cached + c, device=self.device),
-                         tree.position_ids(root_pos).to(self.device)])  # [c + n]
-        mask = self.target_layout.mask(vis, cached, pos, next(self.target.parameters()).dtype)
         t0 = time.perf_counter()
-        out = self.target(input_ids=tokens[None], position_ids=pos[None], attention_mask=mask,
-                          cache=req.target_cache, use_cache=True, logits_to_keep=tree.size)
-        logits = out.logits[0].float()
+        feed = self._tree_feed(req, tree, req.target_cache.get_seq_length())
+        logits = self._target_cache(req).forward(self.target, feed).float()
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         return logits, time.perf_counter() - t0
+
+    def _tree_feed(self, req: _Request, tree: DraftTree, cached: int) -> Feed:
+        """The committed tokens not yet in the target cache (a causal chain), then the tree under its mask."""
+        chain = req.seq[cached:-1]  # committed tokens before the root not yet in the cache
+        c = chain.numel()
+        root_pos = req.seq.numel() - 1
+        pos = torch.cat([torch.arange(cached, cached + c, device=self.device),
+                         tree.position_ids(root_pos).to(self.device)])  # [c + n]
+        vis = chain_then_tree(c, tree.ancestor_mask)
+        return Feed(torch.cat([chain, tree.tokens.to(self.device)]), pos, vis, commit=c, keep=tree.size)
+
+    def _target_cache(self, req: _Request) -> SoloCache:
+        return SoloCache(req.target_cache, self.target_layout, next(self.target.parameters()).dtype)
 
     def _emit(self, req: _Request, tree: DraftTree, acc: Acceptance) -> list[int]:
         """Accepted tokens plus the bonus, cut at EOS, max_new_tokens and the context length."""
@@ -226,13 +279,12 @@ class TreeDecoder:
 
         Invariant after each step: the target cache holds every token of ``seq`` but the last (pending) one.
         """
-        path = torch.tensor(acc.path[1 : len(emitted)], dtype=torch.long)  # the bonus is never cached
-        committed = req.seq.numel()  # every token up to and including the root
-        keep_rows(req.target_cache, committed, committed - 1 + path)
-        if req.draft_cache.get_seq_length() >= committed:
-            slots = dr.fed_slot[path]
-            fed = slots[: int((slots >= 0).cumprod(0).sum())]  # fed nodes are a prefix of the path
-            keep_rows(req.draft_cache, committed, committed + fed)
+        committed = req.seq.numel()  # the root is the last committed token; the tree's nodes are pending
+        SoloCache(req.target_cache, self.target_layout, self.target.dtype, committed - 1).compact(
+            target_keep(acc, emitted))
+        if req.draft_cache.get_seq_length() >= committed:  # the draft caught up this step
+            SoloCache(req.draft_cache, self.draft_layout, self.draft.dtype, committed).compact(
+                draft_keep(dr, acc, emitted))
         req.seq = torch.cat([req.seq, torch.tensor(emitted, dtype=req.seq.dtype, device=self.device)])
 
     # -- helpers -----------------------------------------------------------------------------------

@@ -1,12 +1,23 @@
-"""KV-cache compaction: after verification only the accepted path stays in the cache."""
+"""KV caches of a step: feeding tokens under a tree mask, then keeping only the accepted path.
+
+``SoloCache`` serves one sequence, ``BatchCache`` many sequences in one batched cache; both take ``Feed``s.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
 import torch
-from transformers import DynamicCache
+from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import DynamicLayer
 
+from .capability import AttentionLayout
 from .errors import TreewiseError
+
+if TYPE_CHECKING:
+    from .draft import DraftResult
+    from .verify import Acceptance
 
 
 def keep_rows(cache: DynamicCache, committed: int, rows: torch.Tensor) -> None:
@@ -30,3 +41,147 @@ def keep_rows(cache: DynamicCache, committed: int, rows: torch.Tensor) -> None:
             layer.values[..., committed:new_len, :] = layer.values[..., idx, :]
         layer.keys = layer.keys[..., :new_len, :]
         layer.values = layer.values[..., :new_len, :]
+
+
+@dataclass(frozen=True)
+class Feed:
+    """One forward's new tokens for one sequence, in that sequence's own slots.
+
+    A sequence's cache holds its committed prefix (always visible; slot i at position i) and, during a
+    step, ``p`` pending slots fed earlier in the step (draft levels). ``visible`` [t, p + t] says which
+    pending and new slots each new token sees. The first ``commit`` new tokens join the committed prefix
+    (a causal chain; only when nothing is pending).
+    """
+
+    tokens: torch.Tensor  # [t] long
+    positions: torch.Tensor  # [t] long
+    visible: torch.Tensor  # [t, p + t] bool
+    commit: int = 0
+    keep: int = 0  # logits of the last ``keep`` tokens only (0: all)
+
+    @property
+    def size(self) -> int:
+        return int(self.tokens.numel())
+
+
+class SoloCache:
+    """One sequence's cache for one step: committed prefix, then pending slots in feeding order."""
+
+    def __init__(self, cache: DynamicCache, layout: AttentionLayout, dtype: torch.dtype,
+                 committed: int | None = None) -> None:
+        self.cache, self.layout, self.dtype = cache, layout, dtype
+        self.committed = cache.get_seq_length() if committed is None else committed  # the rest is pending
+        self.pending_pos: torch.Tensor | None = None  # [p] positions of the pending slots
+
+    def forward(self, model: PreTrainedModel, feed: Feed) -> torch.Tensor:
+        """Logits [t, V] of the new tokens (the last ``keep`` of them); the tokens join the cache."""
+        device = feed.tokens.device
+        pending = self.pending_pos if self.pending_pos is not None else feed.positions[:0]
+        mask = self.layout.mask(feed.visible.to(device), self.committed, torch.cat([pending, feed.positions]),
+                                self.dtype)
+        out = model(input_ids=feed.tokens[None], position_ids=feed.positions[None], attention_mask=mask,
+                    cache=self.cache, use_cache=True, logits_to_keep=feed.keep)
+        self.committed += feed.commit
+        self.pending_pos = torch.cat([pending, feed.positions[feed.commit:]])
+        return out.logits[0]
+
+    def compact(self, keep: torch.Tensor) -> None:
+        """Keep the committed prefix plus the pending slots ``keep`` (increasing); they become committed."""
+        keep_rows(self.cache, self.committed, self.committed + keep.to(torch.long))
+        self.committed += keep.numel()
+        self.pending_pos = None
+
+
+class BatchCache:
+    """Many sequences in one batched cache, each with its own committed prefix and pending slots.
+
+    Every forward appends the same number of physical slots to every row (rows with fewer tokens are
+    padded, padding sees only itself), so each row tracks which physical slots are its own: committed
+    ones in order (positions 0..n-1), then pending ones. Compaction moves each row's kept slots to the
+    front; other rows' slots beyond a row's length are never visible to it.
+    """
+
+    def __init__(self, rows: int, layout: AttentionLayout, dtype: torch.dtype, device: torch.device) -> None:
+        self.cache, self.layout, self.dtype, self.device = DynamicCache(), layout, dtype, device
+        empty = torch.zeros(0, dtype=torch.long, device=device)
+        self.committed = [empty] * rows  # physical slot of each committed token
+        self.pending = [empty] * rows  # physical slot of each pending token
+        self.pending_pos = [empty] * rows
+
+    def committed_len(self, row: int) -> int:
+        return int(self.committed[row].numel())
+
+    def forward(self, model: PreTrainedModel, feeds: list[Feed | None]) -> list[torch.Tensor | None]:
+        """One batched forward; per row, the logits [t, V] of its feed (None where a row has none)."""
+        t = max((f.size for f in feeds if f is not None), default=0)
+        start = self.cache.get_seq_length()
+        width = start + t
+        b = len(feeds)
+        tokens = torch.zeros(b, t, dtype=torch.long, device=self.device)
+        q_pos = torch.zeros(b, t, dtype=torch.long, device=self.device)
+        k_pos = torch.zeros(b, width, dtype=torch.long, device=self.device)
+        visible = torch.zeros(b, t, width, dtype=torch.bool, device=self.device)
+        visible[:, torch.arange(t), start + torch.arange(t)] = True  # padding sees itself (no empty rows)
+        for r, feed in enumerate(feeds):
+            committed, n = self.committed[r], self.committed[r].numel()
+            k_pos[r, committed] = torch.arange(n, device=self.device)
+            if feed is None:
+                continue
+            new = start + torch.arange(feed.size, device=self.device)
+            ours = torch.cat([self.pending[r], new])  # [p + t_r] physical slots of the feed's visibility
+            tokens[r, : feed.size], q_pos[r, : feed.size] = feed.tokens, feed.positions
+            k_pos[r, ours] = torch.cat([self.pending_pos[r], feed.positions])
+            visible[r, : feed.size, committed] = True
+            visible[r, : feed.size][:, ours] = feed.visible.to(self.device)
+        mask = self.layout.batch_mask(visible, q_pos, k_pos, self.dtype)
+        logits = model(input_ids=tokens, position_ids=q_pos, attention_mask=mask, cache=self.cache,
+                       use_cache=True).logits  # [B, t, V]
+        out: list[torch.Tensor | None] = []
+        for r, feed in enumerate(feeds):
+            if feed is None:
+                out.append(None)
+                continue
+            new = start + torch.arange(feed.size, device=self.device)
+            self.committed[r] = torch.cat([self.committed[r], new[: feed.commit]])
+            self.pending[r] = torch.cat([self.pending[r], new[feed.commit:]])
+            self.pending_pos[r] = torch.cat([self.pending_pos[r], feed.positions[feed.commit:]])
+            out.append(logits[r, feed.size - (feed.keep or feed.size) : feed.size])
+        return out
+
+    def compact(self, keeps: list[torch.Tensor]) -> None:
+        """Per row, keep its committed prefix plus its pending slots ``keeps[r]``; move them to the front."""
+        sources = [torch.cat([c, p[k.to(self.device)]]) for c, p, k in zip(self.committed, self.pending, keeps,
+                                                                           strict=True)]
+        new_len = max((s.numel() for s in sources), default=0)
+        for layer in self.cache.layers:
+            if not layer.is_initialized:
+                continue
+            for r, src in enumerate(sources):
+                # Advanced indexing on the right copies first, so overlapping moves are safe.
+                layer.keys[r, :, : src.numel()] = layer.keys[r, :, src]
+                layer.values[r, :, : src.numel()] = layer.values[r, :, src]
+            layer.keys, layer.values = layer.keys[:, :, :new_len], layer.values[:, :, :new_len]
+        empty = torch.zeros(0, dtype=torch.long, device=self.device)
+        self.committed = [torch.arange(s.numel(), device=self.device) for s in sources]
+        self.pending, self.pending_pos = [empty] * len(sources), [empty] * len(sources)
+
+    def select(self, rows: list[int]) -> None:
+        """Keep only ``rows`` of the batch (finished rows stop costing compute)."""
+        idx = torch.tensor(rows, dtype=torch.long, device=self.device)
+        for layer in self.cache.layers:
+            if layer.is_initialized:
+                layer.keys, layer.values = layer.keys[idx], layer.values[idx]
+        self.committed = [self.committed[r] for r in rows]
+        self.pending = [self.pending[r] for r in rows]
+        self.pending_pos = [self.pending_pos[r] for r in rows]
+
+
+def target_keep(acc: Acceptance, emitted: list[int]) -> torch.Tensor:
+    """Tree nodes the target cache keeps: the root and the emitted accepted nodes (the bonus is never cached)."""
+    return torch.tensor(acc.path[: len(emitted)], dtype=torch.long)
+
+
+def draft_keep(dr: DraftResult, acc: Acceptance, emitted: list[int]) -> torch.Tensor:
+    """Pending draft slots to keep: the fed nodes of the emitted accepted path (a prefix of it)."""
+    slots = dr.fed_slot[torch.tensor(acc.path[1 : len(emitted)], dtype=torch.long)]
+    return slots[: int((slots >= 0).cumprod(0).sum())]

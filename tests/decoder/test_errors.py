@@ -62,5 +62,5 @@ def test_mismatched_vocab_models() -> None:
 
 
 def test_missing_model_folder(tmp_path) -> None:
-    with pytest.raises(TreewiseError, match="cannot load"):
+    with pytest.raises(TreewiseError, match="does not exist"):
         TreeDecoder.from_pretrained(tmp_path / "nope", tmp_path / "nope2")

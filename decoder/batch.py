@@ -1,0 +1,139 @@
+"""Batched tree decoding: many sequences share each draft forward and each target forward.
+
+Every row keeps its own policy, tree, sampler and output; a step drafts all rows' levels in lockstep
+(one draft forward per level over every row that still drafts), verifies all rows' trees in one target
+forward (trees padded to the largest, padding masked out), accepts per row and compacts each row's cache
+to its own accepted path. Rows that finish leave the batch, so they stop costing compute.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from .draft import Drafter, DraftFeeds, DraftResult
+from .kvcache import BatchCache, Feed, draft_keep, target_keep
+from .policy import RequestInfo, TreePolicy
+from .results import GenerationStats, StepStats
+from .verify import VerifyInput
+
+if TYPE_CHECKING:
+    from .engine import TreeDecoder, _Request, _Run
+
+
+def fresh_policy(policy: TreePolicy) -> TreePolicy:
+    """A new instance of ``policy`` for another row: a dataclass is re-made from its init fields (shared
+    read-only parts such as a predictor stay shared, per-request state starts fresh); others are deep-copied."""
+    if dataclasses.is_dataclass(policy) and not isinstance(policy, type):
+        return dataclasses.replace(policy)
+    return copy.deepcopy(policy)
+
+
+@dataclass
+class _Row:
+    req: _Request
+    run: _Run
+    stats: GenerationStats = field(default_factory=GenerationStats)
+    log_rows: list[dict[str, np.ndarray]] = field(default_factory=list)  # written when the row ends, in order
+
+
+@dataclass
+class _Timing:
+    draft_s: float = 0.0
+    verify_s: float = 0.0
+
+
+def decode_batch(dec: TreeDecoder, requests: list[_Request], runs: list[_Run]) -> list[GenerationStats]:
+    """Decode every request to its own stop condition; each row's stats in the input order."""
+    rows = [_Row(req, run) for req, run in zip(requests, runs, strict=True)]
+    for row in rows:
+        text = dec.tokenizer.decode(row.req.seq.tolist(), skip_special_tokens=True)
+        row.run.policy.start(RequestInfo(row.run.domain, row.req.prompt_len, row.req.max_new_tokens,
+                                         row.run.sampling.temperature, text))
+    target = BatchCache(len(rows), dec.target_layout, dec.target.dtype, dec.device)
+    draft = BatchCache(len(rows), dec.draft_layout, dec.draft.dtype, dec.device)
+    active = list(rows)
+    start = time.perf_counter()
+    while active:
+        _step(dec, active, target, draft)
+        done = [i for i, row in enumerate(active) if row.req.finish is not None]
+        for i in done:
+            _close(active[i], start)
+        if done:
+            keep = [i for i, row in enumerate(active) if row.req.finish is None]
+            target.select(keep)
+            draft.select(keep)
+            active = [active[i] for i in keep]
+    return [row.stats for row in rows]
+
+
+def _step(dec: TreeDecoder, active: list[_Row], target: BatchCache, draft: BatchCache) -> None:
+    t0 = time.perf_counter()
+    timing = _Timing()
+    ctxs = [dec._context(row.req, len(row.stats.steps), row.run.domain) for row in active]
+    drafts = _draft_all(dec, active, ctxs, draft, timing)
+    feeds: list[Feed | None] = [dec._tree_feed(row.req, dr.tree, target.committed_len(i))
+                                for i, (row, dr) in enumerate(zip(active, drafts, strict=True))]
+    t1 = time.perf_counter()
+    logits = [lg.float() for lg in target.forward(dec.target, feeds)]  # type: ignore[union-attr]
+    timing.verify_s = time.perf_counter() - t1
+    accs, emitted = [], []
+    for row, ctx, dr, lg in zip(active, ctxs, drafts, logits, strict=True):
+        acc = dec.verifier(VerifyInput(dr.tree, lg, row.run.sampling, row.run.draft_mode, dr.draft_probs,
+                                       row.run.generator))
+        out, log_rows = dec._settle(row.req, row.run, ctx, dr, lg, acc)
+        if log_rows is not None:
+            row.log_rows.append(log_rows)
+        accs.append(acc)
+        emitted.append(out)
+    target.compact([target_keep(acc, out) for acc, out in zip(accs, emitted, strict=True)])
+    draft.compact([draft_keep(dr, acc, out) if draft.committed_len(i) >= row.req.seq.numel() else dr.fed_slot[:0]
+                   for i, (row, dr, acc, out) in enumerate(zip(active, drafts, accs, emitted, strict=True))])
+    n = len(active)
+    other = (time.perf_counter() - t0 - timing.draft_s - timing.verify_s) / n
+    for row, dr, acc, out in zip(active, drafts, accs, emitted, strict=True):
+        row.req.seq = torch.cat([row.req.seq, torch.tensor(out, dtype=row.req.seq.dtype, device=dec.device)])
+        # Shared forwards are split evenly between the rows that took part.
+        row.stats.steps.append(StepStats(dr.candidates.size, dr.tree.size - 1, acc.accepted, len(out),
+                                         dr.forwards, timing.draft_s / n, timing.verify_s / n, other, dr.policy_s))
+
+
+def _draft_all(dec: TreeDecoder, active: list[_Row], ctxs: list, cache: BatchCache,
+               timing: _Timing) -> list[DraftResult]:
+    """Drive every row's drafter in lockstep: one batched draft forward per round of feeds."""
+    gens: list[DraftFeeds] = [
+        Drafter(row.req.seq, cache.committed_len(i), row.run.policy, ctx, row.run.sampling, row.run.draft_mode,
+                dec.vocab, row.run.generator).feeds()
+        for i, (row, ctx) in enumerate(zip(active, ctxs, strict=True))
+    ]
+    results: list[DraftResult | None] = [None] * len(gens)
+    feeds: list[Feed | None] = [_advance(g, None, results, i) for i, g in enumerate(gens)]
+    while any(f is not None for f in feeds):
+        t0 = time.perf_counter()
+        logits = cache.forward(dec.draft, feeds)
+        timing.draft_s += time.perf_counter() - t0
+        feeds = [_advance(g, lg, results, i) if lg is not None else None
+                 for i, (g, lg) in enumerate(zip(gens, logits, strict=True))]
+    return [r for r in results if r is not None]
+
+
+def _advance(gen: DraftFeeds, logits: torch.Tensor | None, results: list[DraftResult | None], i: int) -> Feed | None:
+    try:
+        return gen.send(logits)  # type: ignore[arg-type]
+    except StopIteration as done:
+        results[i] = done.value
+        return None
+
+
+def _close(row: _Row, start: float) -> None:
+    row.stats.total_s = time.perf_counter() - start
+    if row.run.log is not None:
+        for rows in row.log_rows:
+            row.run.log.add_step(rows)
+        row.run.log.end_request()
