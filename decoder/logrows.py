@@ -7,8 +7,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .nodelog import TOKEN_TYPES
-from .policy import Candidates
+from .nodelog import TOKEN_TYPES, feature_columns
+from .policy import Candidates, candidate_features
 from .verify import Acceptance
 
 
@@ -43,28 +43,13 @@ def step_rows(cand: Candidates, acc: Acceptance, target_argmax: torch.Tensor, to
     target_prob = acc.target_probs[parent_tree.to(acc.target_probs.device), tokens.to(acc.target_probs.device)]
     tok_np = tokens.numpy()
     type_names = np.asarray(TOKEN_TYPES, dtype=object)
-    full = np.full
-    return {
-        "run_id": full(m, meta.run_id, dtype=object),
-        "prompt_id": full(m, meta.prompt_id, dtype=object),
-        "domain": full(m, meta.domain, dtype=object),
-        "step": full(m, meta.step, dtype=np.int32),
-        "node_id": np.arange(m, dtype=np.int32),
-        "parent_id": cand.parent.numpy().astype(np.int32),
-        "depth": cand.depth.numpy().astype(np.int16),
-        "sibling_rank": cand.sibling_rank.numpy().astype(np.int16),
-        "token_id": tok_np.astype(np.int32),
-        "token_type": type_names[token_types[tok_np]] if m else np.zeros(0, dtype=object),
-        "draft_logprob": cand.draft_logprob.numpy().astype(np.float32),
-        "draft_entropy": cand.draft_entropy.numpy().astype(np.float32),
-        "draft_margin": cand.draft_margin.numpy().astype(np.float32),
-        "path_logprob": cand.path_logprob.numpy().astype(np.float32),
-        "parent_draft_prob": cand.parent_draft_prob.numpy().astype(np.float32),
-        "position": (meta.position + cand.depth.numpy() - 1).astype(np.int32),
-        "prompt_len": full(m, meta.prompt_len, dtype=np.int32),
-        "running_accept_rate": full(m, meta.running_accept_rate, dtype=np.float32),
-        "prev_accepted": full(m, meta.prev_accepted, dtype=np.int16),
-        "temperature": full(m, meta.temperature, dtype=np.float32),
+    token_type = type_names[token_types[tok_np]] if m else np.zeros(0, dtype=object)
+    ids = feature_columns(m, {"run_id": meta.run_id, "prompt_id": meta.prompt_id, "step": meta.step,
+                              "node_id": np.arange(m), "parent_id": cand.parent.numpy()})
+    features = candidate_features(cand, cand.depth.numpy(), token_type, domain=meta.domain, position=meta.position,
+                                  prompt_len=meta.prompt_len, running_accept_rate=meta.running_accept_rate,
+                                  prev_accepted=meta.prev_accepted, temperature=meta.temperature)
+    return ids | features | {
         "verified": kept.numpy(),
         "target_prob": target_prob.float().cpu().numpy(),
         "target_argmax_match": (tokens == target_argmax.cpu()[parent_tree]).numpy(),

@@ -8,7 +8,7 @@ with ``treewise.schema_version`` in the file metadata.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -65,10 +65,25 @@ LABEL_COLUMNS: dict[str, pa.DataType] = {
     "accept_prob": pa.float32(),  # probability the sampling verifier accepted with; NaN if not tried
 }
 
+# Each column's numpy type (strings are object arrays): what feature_columns casts to.
+_NUMPY_TYPES: dict[str, type] = {
+    name: dtype.to_pandas_dtype() for name, dtype in {**FEATURE_COLUMNS, **LABEL_COLUMNS}.items()
+}
+
 SCHEMA = pa.schema(
     [pa.field(name, dtype) for name, dtype in {**FEATURE_COLUMNS, **LABEL_COLUMNS}.items()],
     metadata={METADATA_KEY: SCHEMA_VERSION.encode()},
 )
+
+
+def feature_columns(m: int, values: Mapping[str, object]) -> dict[str, np.ndarray]:
+    """Columns for ``m`` nodes, each cast to its schema type; a scalar value is repeated ``m`` times.
+
+    The one place node features get their types: ``Frontier.features()`` (what a policy's predictor sees
+    before verification) and the node-log rows (``logrows.step_rows``) are both built here.
+    """
+    return {name: np.asarray(value).astype(_NUMPY_TYPES[name], copy=False) if np.ndim(value)
+            else np.full(m, value, dtype=_NUMPY_TYPES[name]) for name, value in values.items()}
 
 
 class NodeLogError(TreewiseError):

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from .errors import TreewiseError
-from .nodelog import TOKEN_TYPES
+from .nodelog import TOKEN_TYPES, feature_columns
 
 _TYPE_NAMES = np.asarray(TOKEN_TYPES, dtype=object)
 
@@ -62,24 +62,11 @@ class Frontier:
     def features(self) -> dict[str, np.ndarray]:
         """Node-log feature columns for these candidates (what a learned predictor consumes)."""
         m = self.size
-        return {
-            "domain": np.full(m, self.domain, dtype=object),
-            "depth": np.full(m, self.depth, dtype=np.int16),
-            "sibling_rank": self.sibling_rank.numpy().astype(np.int16),
-            "token_id": self.tokens.numpy().astype(np.int32),
-            "draft_logprob": self.draft_logprob.numpy().astype(np.float32),
-            "draft_entropy": self.draft_entropy.numpy().astype(np.float32),
-            "draft_margin": self.draft_margin.numpy().astype(np.float32),
-            "path_logprob": self.path_logprob.numpy().astype(np.float32),
-            "parent_draft_prob": self.parent_draft_prob.numpy().astype(np.float32),
-            "position": np.full(m, self.position + self.depth - 1, dtype=np.int32),
-            "prompt_len": np.full(m, self.prompt_len, dtype=np.int32),
-            "running_accept_rate": np.full(m, self.running_accept_rate, dtype=np.float32),
-            "prev_accepted": np.full(m, self.prev_accepted, dtype=np.int16),
-            "temperature": np.full(m, self.temperature, dtype=np.float32),
-            "token_type": (_TYPE_NAMES[self.token_type_table[self.tokens.numpy()]] if self.token_type_table is not None
-                           else np.full(m, "special", dtype=object)),
-        }
+        types = (_TYPE_NAMES[self.token_type_table[self.tokens.numpy()]] if self.token_type_table is not None
+                 else np.full(m, "special", dtype=object))
+        return candidate_features(self, np.full(m, self.depth), types, domain=self.domain, position=self.position,
+                                  prompt_len=self.prompt_len, running_accept_rate=self.running_accept_rate,
+                                  prev_accepted=self.prev_accepted, temperature=self.temperature)
 
 
 @dataclass(frozen=True)
@@ -100,6 +87,24 @@ class Candidates:
     @property
     def size(self) -> int:
         return int(self.tokens.numel())
+
+
+def candidate_features(c: Frontier | Candidates, depth: np.ndarray, token_type: np.ndarray, *, domain: str,
+                       position: int, prompt_len: int, running_accept_rate: float, prev_accepted: int,
+                       temperature: float) -> dict[str, np.ndarray]:
+    """The feature columns of drafted candidates (ids excluded), typed by the node-log schema.
+
+    One definition for both views: ``Frontier.features()`` (one depth, before the policy decides) and the
+    node-log rows of a step's ``Candidates`` (every depth, after verification). ``position`` counts the tokens
+    generated before the step; a node at depth d would become output token ``position + d - 1``.
+    """
+    return feature_columns(c.size, {
+        "domain": domain, "depth": depth, "sibling_rank": c.sibling_rank.numpy(), "token_id": c.tokens.numpy(),
+        "token_type": token_type, "draft_logprob": c.draft_logprob.numpy(), "draft_entropy": c.draft_entropy.numpy(),
+        "draft_margin": c.draft_margin.numpy(), "path_logprob": c.path_logprob.numpy(),
+        "parent_draft_prob": c.parent_draft_prob.numpy(), "position": position + depth - 1, "prompt_len": prompt_len,
+        "running_accept_rate": running_accept_rate, "prev_accepted": prev_accepted, "temperature": temperature,
+    })
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@ import pytest
 from conftest import make_model
 
 from decoder import (
+    FEATURE_COLUMNS,
     SCHEMA,
     SCHEMA_VERSION,
     TOKEN_TYPES,
@@ -54,6 +55,33 @@ def test_rows_match_drafted_nodes_and_labels(dec, tmp_path) -> None:
     probs = np.asarray(df["target_prob"])
     assert ((probs >= 0) & (probs <= 1)).all()
     assert np.isnan(np.asarray(df["accept_prob"], dtype=float)).all()  # greedy never uses it
+
+
+def test_logged_features_are_what_the_policy_saw(dec, tmp_path) -> None:
+    """Frontier.features() (before verification) and the node-log rows come from one definition."""
+    class Recording(StaticTree):
+        seen: list = []  # class attribute, not a field: shared by any per-request copy of the policy
+
+        def plan(self, frontier):
+            if frontier.depth >= 1:
+                Recording.seen.append((frontier.step, frontier.features()))
+            return super().plan(frontier)
+
+    writer = NodeLogWriter(tmp_path)
+    dec.generate("def f(x):", max_new_tokens=12, tree=Recording(2, 3), temperature=0.7, seed=1, domain="code",
+                 prompt_id="p", log=writer)
+    writer.close()
+    rows = read_node_logs(tmp_path)
+    steps = np.asarray(rows.column("step"))
+    names = [n for n in FEATURE_COLUMNS if n not in ("run_id", "prompt_id", "step", "node_id", "parent_id")]
+    assert Recording.seen and set(Recording.seen[0][1]) == set(names)
+    for step in sorted(set(steps.tolist())):
+        levels = [f for s, f in Recording.seen if s == step]  # StaticTree keeps every candidate, level by level
+        for name in names:
+            seen = np.concatenate([f[name] for f in levels])
+            logged = np.asarray(rows.column(name))[steps == step]
+            assert seen.dtype == logged.dtype or name in ("domain", "token_type"), name
+            np.testing.assert_array_equal(seen, logged.astype(seen.dtype), err_msg=f"step {step} column {name}")
 
 
 def test_sampling_logs_accept_prob(dec, tmp_path) -> None:
