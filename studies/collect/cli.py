@@ -53,20 +53,34 @@ def collect_cmd(
         cfg = CollectConfig(out=out, suite=suite, split=split, domains=domain or None, tree=tree,
                             max_new_tokens=max_new_tokens, temperature=temperature, seed=seed, shard=shard,
                             target=target, draft=draft, device=device, check_greedy=check_greedy)
-        plan = plan_collect(cfg)
-        console.print(f"[bold]collect[/] {plan.manifest.tree} -> {plan.layout.run_dir} ({plan.layout.name}): "
-                      f"{len(plan.prompts)} prompts, {len(plan.done)} already finished"
-                      + (f", {plan.orphans_removed} unfinished files removed" if plan.orphans_removed else ""))
+        plan = plan_collect(cfg)  # holds the shard's writer lock until released
+    except user_errors() as err:
+        fail(console, err)
+    try:
+        console.print(_plan_line(plan))
         if plan.pending:
-            decoder = load_decoder(cfg)
-            summary = _run_with_progress(plan, decoder)
+            summary = _run_with_progress(plan, load_decoder(cfg))
         else:
             summary = summarize(plan, read_records(plan.layout.records_dir), 0, {}, 0.0)
     except user_errors() as err:
         fail(console, err)
+    finally:
+        plan.release()
     _print_collect_summary(summary)
     if json_out is not None:
         write_json(json_out, summary, console)
+
+
+def _plan_line(plan: CollectPlan) -> str:
+    line = (f"[bold]collect[/] {plan.manifest.tree} -> {plan.layout.run_dir} ({plan.layout.name}): "
+            f"{len(plan.prompts)} prompts, {len(plan.done)} already finished")
+    if plan.done and plan.pending:
+        line += f"; resuming: {len(plan.pending)} to go"
+    if plan.orphans_removed:
+        line += f"; {plan.orphans_removed} unfinished files removed"
+    if plan.damaged:
+        line += f"; {len(plan.damaged)} prompts with a damaged node file will be collected again"
+    return line
 
 
 def _run_with_progress(plan: CollectPlan, decoder: TreeDecoder) -> CollectSummary:

@@ -19,13 +19,15 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from decoder import SCHEMA_VERSION, NodeLogWriter, TreeDecoder, TreewiseError
+from studies.shared.locks import FileLock
 from studies.shared.runs import (
     PromptRecord,
     RunManifest,
     ShardLayout,
     StepColumns,
+    create_manifest,
+    drop_damaged,
     export_shard_logs,
-    read_manifest,
     read_records,
     remove_orphans,
     write_json_atomic,
@@ -96,10 +98,16 @@ class CollectPlan:
     prompts: list[Prompt]  # this shard's prompts, suite order
     done: set[str]
     orphans_removed: int
+    damaged: list[str] = field(default_factory=list)  # prompts whose node file was damaged: re-collected
+    lock: FileLock | None = None  # this shard's writer lock, held from planning until the run ends
 
     @property
     def pending(self) -> list[Prompt]:
         return [p for p in self.prompts if p.id not in self.done]
+
+    def release(self) -> None:
+        if self.lock is not None:
+            self.lock.release()
 
 
 def plan_collect(config: CollectConfig) -> CollectPlan:
@@ -124,16 +132,17 @@ def plan_collect(config: CollectConfig) -> CollectPlan:
         created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
     )
     run_dir = Path(config.out)
-    existing = read_manifest(run_dir)
-    if existing is not None:
-        existing.must_match(manifest, run_dir)
-        manifest = existing
-    else:
-        write_json_atomic(run_dir / "manifest.json", manifest)
+    manifest = create_manifest(run_dir, manifest)
     layout = ShardLayout(run_dir, index, count)
-    records = read_records(layout.records_dir)
-    removed = remove_orphans(layout, records)
-    return CollectPlan(config, layout, manifest, mine, {r.prompt_id for r in records}, removed)
+    # One writer per shard: a second one would delete the first's unfinished node files as orphans.
+    lock = FileLock(layout.lock_path, f"shard {index}/{count} of {run_dir}").acquire()
+    try:
+        records, damaged = drop_damaged(layout, read_records(layout.records_dir))
+        removed = remove_orphans(layout, records)
+    except BaseException:
+        lock.release()
+        raise
+    return CollectPlan(config, layout, manifest, mine, {r.prompt_id for r in records}, removed, damaged, lock)
 
 
 def load_decoder(config: CollectConfig) -> TreeDecoder:
@@ -255,7 +264,16 @@ def _now() -> str:
 
 def run_collect(plan: CollectPlan, decoder: TreeDecoder,
                 on_prompt: Callable[[PromptRecord], None] | None = None) -> CollectSummary:
-    """Decode every pending prompt of the shard; ``on_prompt`` sees each committed record."""
+    """Decode every pending prompt of the shard; ``on_prompt`` sees each committed record. Releases the
+    plan's lock when done."""
+    try:
+        return _run_pending(plan, decoder, on_prompt)
+    finally:
+        plan.release()
+
+
+def _run_pending(plan: CollectPlan, decoder: TreeDecoder,
+                 on_prompt: Callable[[PromptRecord], None] | None) -> CollectSummary:
     start = time.perf_counter()
     info = ShardInfo(started=_now(), planned=len(plan.prompts), done=len(plan.done), versions=versions())
     write_json_atomic(plan.layout.info_path, info.__dict__)
@@ -281,7 +299,9 @@ def run_collect(plan: CollectPlan, decoder: TreeDecoder,
 def collect(config: CollectConfig, on_prompt: Callable[[PromptRecord], None] | None = None) -> CollectSummary:
     """Plan, load the pair, run: the whole of `treewise collect` without the printing."""
     plan = plan_collect(config)
-    if not plan.pending:
-        records = read_records(plan.layout.records_dir)
-        return summarize(plan, records, 0, {}, 0.0)
-    return run_collect(plan, load_decoder(config), on_prompt)
+    try:
+        if not plan.pending:
+            return summarize(plan, read_records(plan.layout.records_dir), 0, {}, 0.0)
+        return run_collect(plan, load_decoder(config), on_prompt)
+    finally:
+        plan.release()

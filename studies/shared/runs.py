@@ -6,10 +6,13 @@
     runs/NAME/records/shard-I-of-N/<id>.json     per-prompt record with its per-step columns: the commit
     runs/NAME/steps/shard-I-of-N.parquet         per-step log of the shard (rebuilt from the records)
     runs/NAME/prompts/shard-I-of-N.parquet       per-prompt log of the shard (rebuilt from the records)
+    runs/NAME/locks/shard-I-of-N.lock            held (flock) by the one process writing that shard
 
 A prompt counts as finished only once its record exists; the record names its node file, so a node
 file without a record (a kill between the two writes) is an orphan: ignored by readers, removed on
-resume. Every file is written to a temporary name, fsynced and renamed.
+resume. A record whose node file is damaged (truncated by a full disk or a copy) is dropped with that file on
+resume, so the prompt is collected again. Every file is written to a temporary name, fsynced and renamed;
+the manifest is created exclusively (a hard link), so two shards starting at once cannot both write it.
 """
 
 from __future__ import annotations
@@ -26,7 +29,8 @@ import pyarrow.parquet as pq
 from pydantic import BaseModel, ValidationError
 
 from decoder import SCHEMA, TreewiseError, read_node_logs
-from decoder.atomic import atomic_path, write_bytes_atomic
+from decoder.atomic import atomic_path, create_exclusive, write_bytes_atomic
+from decoder.nodelog import part_is_readable
 
 
 class RunError(TreewiseError):
@@ -153,6 +157,10 @@ class ShardLayout:
         return self.run_dir / "records" / self.name
 
     @property
+    def lock_path(self) -> Path:
+        return self.run_dir / "locks" / f"{self.name}.lock"
+
+    @property
     def info_path(self) -> Path:
         return self.run_dir / "shards" / f"{self.name}.json"
 
@@ -171,6 +179,33 @@ def read_record(path: Path) -> PromptRecord:
 
 def read_records(records_dir: Path) -> list[PromptRecord]:
     return [read_record(p) for p in sorted(records_dir.glob("*.json"))] if records_dir.is_dir() else []
+
+
+def drop_damaged(layout: ShardLayout, records: list[PromptRecord]) -> tuple[list[PromptRecord], list[str]]:
+    """Records whose node file is missing or unreadable, deleted with that file so the prompt is re-collected;
+    returns the intact records and the dropped prompt ids."""
+    kept, dropped = [], []
+    for r in records:
+        node = layout.run_dir / r.node_file if r.node_file else None
+        if node is None or part_is_readable(node):
+            kept.append(r)
+            continue
+        layout.record_path(r.prompt_id).unlink(missing_ok=True)  # the commit goes first, then its data
+        node.unlink(missing_ok=True)
+        dropped.append(r.prompt_id)
+    return kept, dropped
+
+
+def create_manifest(run_dir: Path, manifest: RunManifest) -> RunManifest:
+    """Write ``manifest`` unless the run has one (created exclusively); return the run's manifest."""
+    path = run_dir / "manifest.json"
+    if not path.exists():
+        create_exclusive(path, manifest.model_dump_json(indent=1).encode())  # False: another shard was first
+    existing = read_manifest(run_dir)
+    if existing is None:
+        raise RunError(f"{path} vanished while the run was starting: rerun the command")
+    existing.must_match(manifest, run_dir)
+    return existing
 
 
 def remove_orphans(layout: ShardLayout, records: list[PromptRecord]) -> int:

@@ -54,9 +54,14 @@ def load_suite(directory: str | Path, split: str | None = None, domains: list[st
                 raise SuiteError(f"{path}:{lineno}: duplicate prompt id {prompt.id!r}")
             seen.add(prompt.id)
             prompts.append(prompt)
+    known = sorted({p.domain for p in prompts})
     if split not in (None, "all"):
         prompts = [p for p in prompts if p.split == split]
     if domains:
+        unknown = [d for d in domains if d not in known]
+        if unknown:
+            raise SuiteError(f"unknown domain {unknown[0]!r}: suite {directory} has {', '.join(known)}; "
+                             "pass one of those to --domain")
         prompts = [p for p in prompts if p.domain in domains]
     return prompts
 
