@@ -9,7 +9,7 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-from studies.shared.commands import fail, user_errors, write_json
+from studies.shared.commands import fail, user_errors, write_json, write_text
 
 from .config import StudyConfig
 
@@ -48,9 +48,7 @@ def acceptance_cmd(
     if json_out is not None:
         write_json(json_out, study, console)
     if markdown is not None:
-        markdown.parent.mkdir(parents=True, exist_ok=True)
-        markdown.write_text(markdown_report(study, data.missing), encoding="utf-8")
-        console.print(f"wrote {markdown}")
+        write_text(markdown, markdown_report(study, data.missing), console)
     if plots is not None:
         for path in write_figures(study, plots):
             console.print(f"wrote {path}")

@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
+from studies.shared.commands import write_text
 from studies.shared.config import BenchConfig
 from studies.shared.paths import data_dir, default_pair
 
@@ -78,9 +79,7 @@ def bench(
         raise typer.Exit(2) from None
     print_bench(result, console)
     if json_out is not None:
-        json_out.parent.mkdir(parents=True, exist_ok=True)
-        json_out.write_text(json.dumps(result.model_dump(mode="json"), indent=2))
-        console.print(f"wrote {json_out}")
+        write_text(json_out, json.dumps(result.model_dump(mode="json"), indent=2), console)
 
 
 def decode(
@@ -139,7 +138,6 @@ def latency(
     """Measure the pair's forward latency by tree size (LearnedTree's cost model) and write it as JSON."""
     from controller import measure_latency
     from decoder import TreeDecoder, TreewiseError
-    from decoder.atomic import write_bytes_atomic
 
     console = Console()
     t_default, d_default = default_pair()
@@ -149,7 +147,7 @@ def latency(
         console.print(f"[red]error:[/red] {err}")
         raise typer.Exit(2) from None
     profile = measure_latency(dec.target, dec.draft, context=context)
-    write_bytes_atomic(out, json.dumps(profile.model_dump(), indent=1).encode())
+    write_text(out, json.dumps(profile.model_dump(), indent=1))
     table = Table(title=f"forward latency, ms (context {context}, {profile.threads} threads, {profile.device})")
     for col in ("tokens", "target", "draft", "draft / target"):
         table.add_column(col, justify="right")

@@ -13,6 +13,7 @@ import typer
 from pydantic import ValidationError
 from rich.console import Console
 
+from studies.shared.commands import write_text
 from studies.shared.paths import data_dir
 
 if TYPE_CHECKING:
@@ -61,11 +62,6 @@ def _config(console: Console, config_file: Path | None, overrides: dict[str, Any
         raise _fail(console, f"invalid predictor config: {err.errors()[0]['loc']}: {err.errors()[0]['msg']}") from None
 
 
-def _write_json(path: Path, data: object) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data, indent=2) + "\n")
-
-
 _LOGS_HELP = "Run folders (runs/NAME/, read from their nodes/ subfolder) or node-log parquet folders."
 
 
@@ -95,7 +91,7 @@ def train_command(
         raise _fail(console, str(err)) from None
     predictor.save(out)
     if json_out:
-        _write_json(json_out, predictor.metrics)
+        write_text(json_out, json.dumps(predictor.metrics, indent=2) + "\n")
     print_training(console, predictor.metrics, out)
 
 
@@ -129,13 +125,12 @@ def evaluate_command(
     report = {"model": str(model), "logs": [str(p) for p in logs]} | report
     print_evaluation(console, report)
     if json_out:
-        _write_json(json_out, report)
+        write_text(json_out, json.dumps(report, indent=2) + "\n")
     if plots:
         for path in write_plots(report, plots):
             console.print(f"wrote {path}")
     if markdown:
-        markdown.parent.mkdir(parents=True, exist_ok=True)
-        markdown.write_text(markdown_tables(report))
+        write_text(markdown, markdown_tables(report))
 
 
 def train_domains(
@@ -173,9 +168,7 @@ def train_domains(
     console.print(f"trained on {report.n_train} prompts; predict median {report.predict_us_median:.0f} µs")
     console.print(f"wrote {path} ({path.stat().st_size / 1024:.0f} KiB)")
     if json_out is not None:
-        json_out.parent.mkdir(parents=True, exist_ok=True)
-        json_out.write_text(json.dumps(report.model_dump(mode="json"), indent=2) + "\n")
-        console.print(f"wrote {json_out}")
+        write_text(json_out, json.dumps(report.model_dump(mode="json"), indent=2) + "\n", console)
 
 
 def register(app: typer.Typer) -> None:

@@ -14,6 +14,8 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
+from studies.shared.commands import write_text
+
 from .config import DemoConfig, EvalConfig, ModelShape, PairConfig
 
 if TYPE_CHECKING:
@@ -127,10 +129,9 @@ def pair_report_cmd(
     head = f"treewise demo: StaticTree(width={demo_cfg.width}, depth={demo_cfg.depth}), "
     meta = card_meta(work, command, head + f"{demo_cfg.max_new_tokens} new tokens, test split\n" + demo_text(rows))
     meta["tree_search"] = [t.__dict__ for t in trials]
-    (work / "card_meta.json").write_text(json.dumps(meta, indent=2))
-    (models / "README.md").write_text(
-        render_card(work / "eval.json", work / "train_results.json", work / "card_meta.json")
-    )
+    write_text(work / "card_meta.json", json.dumps(meta, indent=2))
+    card = render_card(work / "eval.json", work / "train_results.json", work / "card_meta.json")
+    write_text(models / "README.md", card)
     table = Table("domain", "target ppl", "draft ppl", "agreement", "repeated 4-grams", "in text", "looping")
     for d in result.domains:
         table.add_row(

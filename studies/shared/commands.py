@@ -1,5 +1,5 @@
 """What every ``treewise`` command does alike: read option defaults from a config model, report a user
-error in one red line, write a ``--json`` result."""
+error in one red line, write a ``--json`` or ``--markdown`` output atomically."""
 
 from __future__ import annotations
 
@@ -34,7 +34,16 @@ def fail(console: Console, err: Exception | str, code: int = 2) -> NoReturn:
     raise typer.Exit(code)
 
 
-def write_json(path: Path, model: BaseModel, console: Console) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(model.model_dump_json(indent=1), encoding="utf-8")
-    console.print(f"wrote {path}")
+def write_text(path: Path, text: str, console: Console | None = None) -> Path:
+    """Write a command's output file atomically (decoder.atomic: temp file, fsync, rename), so a reader never
+    sees half a JSON; say so on ``console`` when given."""
+    from decoder.atomic import write_bytes_atomic  # the decoder imports torch: only once a command writes
+
+    write_bytes_atomic(path, text.encode("utf-8"))
+    if console is not None:
+        console.print(f"wrote {path}")
+    return path
+
+
+def write_json(path: Path, model: BaseModel, console: Console | None = None) -> Path:
+    return write_text(path, model.model_dump_json(indent=1), console)
