@@ -3,7 +3,8 @@
 - ``draft_prob``: exp(draft_logprob), what EAGLE-2 style dynamic trees trust;
 - ``entropy``: minus the draft entropy (AdaEDL / SVIP stop drafting when entropy is high); a ranking only;
 - ``domain_depth_table``: mean conditional acceptance per (domain, depth) on the training prompts,
-  falling back to the domain mean, then the global mean, for cells with fewer than ``min_rows`` rows;
+  falling back to the domain mean for cells with fewer than ``min_rows`` rows, and to the mean per depth
+  (then the global mean) for a domain the training rows never saw;
 - ``hf_confidence_threshold``: Hugging Face assisted generation with ``assistant_confidence_threshold``:
   keep drafting while draft prob >= threshold, and after each step refit the threshold on the request's
   accepted / rejected history by minimising fpr + 3 fnr over its ROC (transformers'
@@ -38,6 +39,7 @@ class DomainDepthTable:
     cells: dict[tuple[str, int], float]
     domains: dict[str, float]
     overall: float
+    depths: dict[int, float] = field(default_factory=dict)  # per depth over all domains: for unseen domains
 
     @classmethod
     def fit(cls, rows: NodeRows, labels: np.ndarray, min_rows: int = 20) -> DomainDepthTable:
@@ -53,12 +55,16 @@ class DomainDepthTable:
                 cell = in_dom & (depth == k)
                 if cell.sum() >= min_rows:
                     cells[(d, k)] = float(labels[cell].mean())
-        return cls(cells, domains, float(labels.mean()))
+        depths = {k: float(labels[depth == k].mean()) for k in sorted(set(depth.tolist()))
+                  if (depth == k).sum() >= min_rows}
+        return cls(cells, domains, float(labels.mean()), depths)
 
     def predict(self, rows: NodeRows) -> np.ndarray:
+        """The (domain, depth) cell, else the domain's mean; a domain never seen gets its depth's mean."""
         dom, depth = rows.columns["domain"].tolist(), rows.columns["depth"].astype(int).tolist()
         return np.array([
-            self.cells.get((d, k), self.domains.get(d, self.overall)) for d, k in zip(dom, depth, strict=True)
+            self.cells.get((d, k), self.domains[d]) if d in self.domains else self.depths.get(k, self.overall)
+            for d, k in zip(dom, depth, strict=True)
         ])
 
 

@@ -8,6 +8,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from decoder.nodelog import FEATURE_COLUMNS
+from predictor.derived import DERIVED_COLUMNS
 
 LabelKind = Literal["hard", "soft"]
 CalibrationKind = Literal["none", "isotonic"]
@@ -19,6 +20,8 @@ DEFAULT_MODEL_DIR = Path("data/predictor")
 # Node-log columns that identify a row rather than describe it: never features.
 ID_COLUMNS: tuple[str, ...] = ("run_id", "prompt_id", "step", "node_id", "parent_id", "token_id")
 
+# prompt_len is left out: templates of one source share a prompt length, so it memorises sources (on
+# the source-held-out split, adding it back costs AUC and log-loss; docs/predictor.md).
 DEFAULT_FEATURES: tuple[str, ...] = (
     "domain",
     "depth",
@@ -30,18 +33,25 @@ DEFAULT_FEATURES: tuple[str, ...] = (
     "parent_draft_prob",
     "token_type",
     "position",
-    "prompt_len",
     "running_accept_rate",
     "prev_accepted",
     "temperature",
+    "recent_accepted",
+    "recent_accept_rate",
+    "parent_margin",
+    "parent_entropy",
 )
 
 # Groups dropped together in the ablation study (each is one question: does this information help?).
+# A group none of whose features the model uses is added instead (``+group`` in the tables).
 FEATURE_GROUPS: dict[str, tuple[str, ...]] = {
     "running_acceptance": ("running_accept_rate", "prev_accepted"),
+    "recent_acceptance": ("recent_accepted", "recent_accept_rate"),
+    "parent": ("parent_margin", "parent_entropy"),
     "domain": ("domain",),
     "entropy_margin": ("draft_entropy", "draft_margin"),
-    "position": ("position", "prompt_len"),
+    "position": ("position",),
+    "prompt_len": ("prompt_len",),
     "path": ("path_logprob", "parent_draft_prob"),
     "token_type": ("token_type",),
 }
@@ -98,7 +108,7 @@ class PredictorConfig(BaseModel):
     @field_validator("features")
     @classmethod
     def _known_features(cls, names: list[str]) -> list[str]:
-        allowed = [n for n in FEATURE_COLUMNS if n not in ID_COLUMNS]
+        allowed = [n for n in FEATURE_COLUMNS if n not in ID_COLUMNS] + list(DERIVED_COLUMNS)
         unknown = [n for n in names if n not in allowed]
         if unknown:
             raise ValueError(f"unknown features {unknown}: choose among {allowed}")
@@ -120,3 +130,7 @@ class PredictorConfig(BaseModel):
     def without(self, dropped: tuple[str, ...]) -> PredictorConfig:
         """A copy with some features removed (ablation)."""
         return self.model_copy(update={"features": [f for f in self.features if f not in dropped]})
+
+    def with_features(self, added: tuple[str, ...]) -> PredictorConfig:
+        """A copy with some features appended (ablation of a group the model does not use)."""
+        return self.model_copy(update={"features": self.features + [f for f in added if f not in self.features]})

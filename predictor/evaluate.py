@@ -20,6 +20,8 @@ from predictor.features import FeatureSchema, NodeRows, select_rows
 from predictor.latency import LatencyResult, measure_predict_batch
 from predictor.metrics import BinaryMetrics, CalibrationBin, binary_metrics, calibration_curve
 from predictor.model import AcceptancePredictor, PredictorError, fit
+from predictor.online import OnlineConfig
+from predictor.replay import replay_online
 from predictor.split import PromptSplit, SplitMasks, split_by_prompt
 
 AUC_GAIN_TARGET = 0.03
@@ -75,6 +77,8 @@ class TargetCheck:
     domains: int
     max_domain_ece: float
     domains_over_ece_target: list[str]
+    max_domain_ece_online: float = math.nan  # with the per-request correction (when evaluated)
+    domains_over_ece_target_online: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -90,6 +94,7 @@ class EvaluationReport:
     latency: list[LatencyResult]
     ablation: list[AblationRow] | None = None
     labels: list[LabelComparison] | None = None
+    online: ScoredMetrics | None = None  # the predictor through the per-request correction, replayed in order
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"label": self.label, "n_prompts": self.n_prompts}
@@ -110,6 +115,8 @@ class EvaluationReport:
             ]
         if self.labels is not None:
             out["labels"] = {c.label: _nan_to_none(vars(c)) for c in self.labels}
+        if self.online is not None:
+            out["online"] = self.online.to_dict()
         return out
 
 
@@ -117,8 +124,9 @@ def _nan_to_none(d: dict[str, Any]) -> dict[str, Any]:
     return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in d.items()}
 
 
-def _scored(scores: np.ndarray, rows: NodeRows, labels: np.ndarray, is_probability: bool = True,
-            note: str = "", extra: dict[str, float] | None = None) -> ScoredMetrics:
+def scored(scores: np.ndarray, rows: NodeRows, labels: np.ndarray, is_probability: bool = True,
+           note: str = "", extra: dict[str, float] | None = None) -> ScoredMetrics:
+    """Metrics of one scorer overall and per domain (AUC on the hard label, the rest on ``labels``)."""
     dom = rows.columns["domain"]
     per_domain = {
         d: binary_metrics(scores[dom == d], labels[dom == d], rows.hard[dom == d], is_probability)
@@ -134,13 +142,17 @@ def _masks(predictor: AcceptancePredictor, rows: NodeRows) -> SplitMasks:
 
 
 def evaluate(predictor: AcceptancePredictor, logs: pa.Table, ablation: bool = False,
-             compare_labels: bool = False, latency_calls: int = 300, ablation_seeds: int = 1) -> EvaluationReport:
+             compare_labels: bool = False, latency_calls: int = 300, ablation_seeds: int = 1,
+             online: OnlineConfig | None = None) -> EvaluationReport:
     """Score the predictor and the baselines on the test prompts; optionally retrain for studies.
 
     The ablation uses the model's split, then ``ablation_seeds - 1`` fresh prompt splits of the same logs
-    (seed + i), so a feature group's effect comes with its spread across splits.
+    (seed + i), so a feature group's effect comes with its spread across splits. ``online``: also score
+    the predictor through the per-request correction, replaying each test request in order from the
+    step counts a policy sees (``predictor.replay``).
     """
-    rows = select_rows(logs, predictor.config.split_by)
+    every = select_rows(logs, predictor.config.split_by, untried=True)
+    rows = every.subset(every.columns["tried"])
     masks = _masks(predictor, rows)
     test = rows.subset(masks.test)
     if len(test) == 0:
@@ -148,7 +160,7 @@ def evaluate(predictor: AcceptancePredictor, logs: pa.Table, ablation: bool = Fa
     labels = test.label(predictor.config.label)
     p = predictor.predict_rows(test)
     depth = test.columns["depth"].astype(int)
-    model = _scored(p, test, labels)
+    model = scored(p, test, labels)
     report = EvaluationReport(
         label=predictor.config.label,
         n_prompts=len(set(test.group.tolist())),
@@ -162,24 +174,33 @@ def evaluate(predictor: AcceptancePredictor, logs: pa.Table, ablation: bool = Fa
         latency=measure_predict_batch(predictor, test, calls=latency_calls) if latency_calls else [],
         ablation=_ablation(predictor, rows, masks, ablation_seeds) if ablation else None,
         labels=_compare_labels(predictor, rows, masks) if compare_labels else None,
+        online=_online(predictor, every, online, test, labels) if online is not None else None,
     )
     return _with_targets(report)
+
+
+def _online(predictor: AcceptancePredictor, every: NodeRows, online: OnlineConfig, test: NodeRows,
+            labels: np.ndarray) -> ScoredMetrics:
+    """The test requests replayed through the correction; scored on the same rows as the predictor."""
+    sub = every.subset(_masks(predictor, every).test)
+    q = replay_online(sub, predictor.predict_rows(sub), online, "counts")
+    return scored(q[sub.columns["tried"]], test, labels, note="per-request online correction, replayed in order")
 
 
 def _baselines(rows: NodeRows, masks: SplitMasks, test: NodeRows, labels: np.ndarray,
                label_kind: str) -> dict[str, ScoredMetrics]:
     out = {
-        "draft_prob": _scored(bl.draft_prob(test), test, labels, note="exp(draft_logprob)"),
-        "entropy": _scored(bl.neg_entropy(test), test, labels, is_probability=False,
+        "draft_prob": scored(bl.draft_prob(test), test, labels, note="exp(draft_logprob)"),
+        "entropy": scored(bl.neg_entropy(test), test, labels, is_probability=False,
                            note="minus draft entropy; a ranking, so AUC only"),
     }
     train = rows.subset(masks.train)
     if len(train):
         table = bl.DomainDepthTable.fit(train, train.label(label_kind))
-        out["domain_depth_table"] = _scored(table.predict(test), test, labels,
+        out["domain_depth_table"] = scored(table.predict(test), test, labels,
                                             note="mean acceptance per (domain, depth) on the training prompts")
     hf = bl.hf_confidence_threshold(test, test.hard)
-    out["hf_confidence_threshold"] = _scored(
+    out["hf_confidence_threshold"] = scored(
         hf.decisions, test, labels, is_probability=False, extra=hf.extra,
         note="online-refit draft-prob threshold; AUC of its keep/stop decisions",
     )
@@ -190,12 +211,15 @@ def _with_targets(report: EvaluationReport) -> EvaluationReport:
     base = report.baselines["draft_prob"]
     gains = {d: m.auc - base.per_domain[d].auc for d, m in report.model.per_domain.items()}
     eces = {d: m.ece for d, m in report.model.per_domain.items()}
+    eces_on = {d: m.ece for d, m in report.online.per_domain.items()} if report.online is not None else {}
     targets = TargetCheck(
         auc_gain_over_draft_prob=report.model.overall.auc - base.overall.auc,
         domains_with_auc_gain=sorted(d for d, g in gains.items() if g >= AUC_GAIN_TARGET),
         domains=len(gains),
         max_domain_ece=max(eces.values(), default=math.nan),
         domains_over_ece_target=sorted(d for d, e in eces.items() if e > ECE_TARGET),
+        max_domain_ece_online=max(eces_on.values(), default=math.nan),
+        domains_over_ece_target_online=sorted(d for d, e in eces_on.items() if e > ECE_TARGET),
     )
     return EvaluationReport(**{**vars(report), "targets": targets})
 

@@ -17,13 +17,17 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from decoder.errors import TreewiseError
 from decoder.nodelog import FEATURE_COLUMNS, SCHEMA_VERSION, TOKEN_TYPES
+from predictor.derived import DERIVED_COLUMNS, derived_columns
 
 FEATURE_SCHEMA_VERSION = "1"
+# Every column a predictor may use: the node log's pre-verification columns and the derived ones.
+ALL_FEATURE_COLUMNS: dict[str, pa.DataType] = {**FEATURE_COLUMNS, **DERIVED_COLUMNS}
 FeatureKind = Literal["numeric", "categorical"]
 
 
-class FeatureSchemaError(ValueError):
+class FeatureSchemaError(TreewiseError):
     """Features given to a predictor do not match the schema it was trained with."""
 
 
@@ -73,12 +77,19 @@ class FeatureSchema:
 
 def build_schema(table: pa.Table, names: list[str]) -> FeatureSchema:
     """Fix the feature list and the category lists (domains seen in the logs, all token types)."""
+    strings = [n for n in names if n in FEATURE_COLUMNS and pa.types.is_string(FEATURE_COLUMNS[n])]
+    return schema_from_columns({n: _np(table, n) for n in strings}, names)
+
+
+def schema_from_columns(columns: Mapping[str, np.ndarray], names: list[str]) -> FeatureSchema:
+    """As ``build_schema``, from numpy columns: a categorical's categories are the values these rows hold
+    (all ``TOKEN_TYPES`` for the token type), so a domain absent from them is a missing value."""
     specs = []
     for name in names:
-        dtype = FEATURE_COLUMNS[name]
+        dtype = ALL_FEATURE_COLUMNS[name]
         if pa.types.is_string(dtype):
             cats = list(TOKEN_TYPES) if name == "token_type" else sorted(
-                v for v in pc.unique(table.column(name)).to_pylist() if v is not None
+                {v for v in np.asarray(columns[name]).tolist() if v is not None}
             )
             specs.append(FeatureSpec(name, str(dtype), "categorical", cats))
         else:
@@ -90,7 +101,7 @@ def build_schema(table: pa.Table, names: list[str]) -> FeatureSchema:
 class NodeRows:
     """The training rows of some node logs, as numpy columns plus labels and split groups."""
 
-    columns: dict[str, np.ndarray]  # every FEATURE_COLUMNS column
+    columns: dict[str, np.ndarray]  # every FEATURE_COLUMNS and DERIVED_COLUMNS column
     hard: np.ndarray  # float64 0/1
     soft: np.ndarray  # float64 in [0, 1]
     group: np.ndarray  # split group key per row (prompt or request)
@@ -158,21 +169,31 @@ def conditional_mask(table: pa.Table, request: np.ndarray) -> np.ndarray:
     return _np(table, "verified") & ((depth == 1) | parent_on_path)
 
 
-def select_rows(table: pa.Table, split_by: str = "prompt_id") -> NodeRows:
-    """The predictor's rows and labels from a node-log table (see the module docstring)."""
+def select_rows(table: pa.Table, split_by: str = "prompt_id", untried: bool = False) -> NodeRows:
+    """The predictor's rows and labels from a node-log table (see the module docstring).
+
+    ``untried=True`` keeps every verified row, also those under a rejected parent (a replay of whole
+    verified trees needs them); the boolean columns ``tried`` and ``on_accepted_path`` tell them apart.
+    """
     request_all = request_keys(table)
     mask = conditional_mask(table, request_all)
-    sub = table.filter(pa.array(mask))
+    needed = ("step", "node_id", "parent_id", "draft_margin", "draft_entropy", "on_accepted_path", "verified")
+    raw = {n: _np(table, n) for n in needed}
+    derived = derived_columns(raw, request_all, mask)
+    keep = raw["verified"] if untried else mask
+    sub = table.filter(pa.array(keep))
     columns = {name: _np(sub, name) for name in FEATURE_COLUMNS}
+    columns.update({name: col[keep] for name, col in derived.items()})
+    columns["tried"], columns["on_accepted_path"] = mask[keep], raw["on_accepted_path"][keep]
     hard = _np(sub, "target_argmax_match").astype(np.float64)
     accept = _np(sub, "accept_prob").astype(np.float64)
     target = _np(sub, "target_prob").astype(np.float64)
     soft = np.where(np.isnan(accept), target, accept)
     fallback = np.isnan(soft)
     soft = np.clip(np.where(fallback, hard, soft), 0.0, 1.0)
-    request = request_all[mask]
+    request = request_all[keep]
     group = columns["prompt_id"] if split_by == "prompt_id" else request
-    return NodeRows(columns, hard, soft, group, request, table.num_rows, int(fallback.sum()))
+    return NodeRows(columns, hard, soft, group, request, table.num_rows, int(fallback[columns["tried"]].sum()))
 
 
 def encode(columns: Mapping[str, np.ndarray], schema: FeatureSchema, out: np.ndarray | None = None) -> np.ndarray:

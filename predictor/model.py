@@ -10,11 +10,15 @@ from typing import Any
 import lightgbm as lgb
 import numpy as np
 import pyarrow as pa
+from pydantic import ValidationError
 
-from decoder.nodelog import FEATURE_COLUMNS, SCHEMA_VERSION
+from decoder.atomic import atomic_dir, recover_dir
+from decoder.errors import TreewiseError
+from decoder.nodelog import SCHEMA_VERSION
 from predictor.calibration import IsotonicCalibrator, fit_isotonic
 from predictor.config import PredictorConfig
 from predictor.features import (
+    ALL_FEATURE_COLUMNS,
     FEATURE_SCHEMA_VERSION,
     FeatureSchema,
     FeatureSchemaError,
@@ -32,9 +36,10 @@ METRICS_FILE = "metrics.json"
 CONFIG_FILE = "config.json"
 SPLIT_FILE = "split.json"
 CALIBRATION_FILE = "calibration.json"
+OWNED_FILES = (MODEL_FILE, SCHEMA_FILE, METRICS_FILE, CONFIG_FILE, SPLIT_FILE, CALIBRATION_FILE)
 
 
-class PredictorError(ValueError):
+class PredictorError(TreewiseError):
     """A predictor cannot be trained or loaded; the message says why and what to do."""
 
 
@@ -85,42 +90,69 @@ class AcceptancePredictor:
         return {n: float(g) for n, g in zip(self.schema.names, gain, strict=True)}
 
     def save(self, directory: str | Path) -> Path:
-        """Write model.txt, feature_schema.json, metrics.json, config.json, split.json (+ calibration)."""
-        out = Path(directory)
-        out.mkdir(parents=True, exist_ok=True)
+        """Write model.txt, feature_schema.json, metrics.json, config.json, split.json (+ calibration).
+
+        The folder is replaced as a whole (``atomic_dir``): a process killed while saving leaves the previous
+        predictor loadable, never a new model beside an old schema. Other files in the folder are kept.
+        """
+        with atomic_dir(directory, OWNED_FILES) as out:
+            self._write_files(out)
+        return Path(directory)
+
+    def _write_files(self, out: Path) -> None:
         self.booster.save_model(str(out / MODEL_FILE))
         _write_json(out / SCHEMA_FILE, self.schema.to_dict())
         _write_json(out / METRICS_FILE, self.metrics)
         _write_json(out / CONFIG_FILE, self.config.model_dump())
         if self.split is not None:
             _write_json(out / SPLIT_FILE, self.split.to_dict())
-        calib = out / CALIBRATION_FILE
         if self.calibrator is not None:
-            _write_json(calib, self.calibrator.to_dict())
-        elif calib.exists():
-            calib.unlink()
-        return out
+            _write_json(out / CALIBRATION_FILE, self.calibrator.to_dict())
 
     @classmethod
     def load(cls, directory: str | Path, expected_features: list[str] | None = None) -> AcceptancePredictor:
         """Load a saved predictor; raise naming any schema mismatch (with the model, decoder or caller)."""
         src = Path(directory)
+        recover_dir(src, OWNED_FILES)  # a save killed midway: finish or undo it
         for name in (MODEL_FILE, SCHEMA_FILE, CONFIG_FILE):
             if not (src / name).is_file():
                 raise PredictorError(
                     f"{src / name} is missing: train a predictor with `treewise train runs/NAME --out {src}`"
                 )
-        schema = FeatureSchema.from_dict(json.loads((src / SCHEMA_FILE).read_text()))
-        booster = lgb.Booster(model_file=str(src / MODEL_FILE))
+        schema = _read(src / SCHEMA_FILE, FeatureSchema.from_dict)
+        try:
+            booster = lgb.Booster(model_file=str(src / MODEL_FILE))
+        except lgb.basic.LightGBMError as err:
+            raise PredictorError(f"{src / MODEL_FILE}: not a LightGBM model ({err}); {_retrain(src)}") from None
         _check_schema(schema, booster, src)
         if expected_features is not None and list(expected_features) != schema.names:
             raise FeatureSchemaError(_diff_message("caller's features", expected_features, schema.names, src))
-        config = PredictorConfig.model_validate(json.loads((src / CONFIG_FILE).read_text()))
+        config = _read(src / CONFIG_FILE, PredictorConfig.model_validate)
         calib_path, split_path, metrics_path = src / CALIBRATION_FILE, src / SPLIT_FILE, src / METRICS_FILE
-        calibrator = IsotonicCalibrator.from_dict(json.loads(calib_path.read_text())) if calib_path.exists() else None
-        split = PromptSplit.from_dict(json.loads(split_path.read_text())) if split_path.exists() else None
-        metrics = json.loads(metrics_path.read_text()) if metrics_path.exists() else {}
+        calibrator = _read(calib_path, IsotonicCalibrator.from_dict) if calib_path.exists() else None
+        split = _read(split_path, PromptSplit.from_dict) if split_path.exists() else None
+        metrics = _read(metrics_path, dict) if metrics_path.exists() else {}
         return cls(booster, schema, config, calibrator, split, metrics)
+
+
+def _retrain(src: Path) -> str:
+    return f"retrain with `treewise train runs/NAME --out {src}` (or copy the whole folder again)"
+
+
+def _read(path: Path, build: Any) -> Any:
+    """A JSON file of a predictor folder through its constructor; garbage raises PredictorError naming it."""
+    try:
+        return build(json.loads(path.read_text(encoding="utf-8")))
+    except FeatureSchemaError:
+        raise
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, ValueError) as err:
+        why = str(err).splitlines()[0] if str(err) else type(err).__name__
+        if isinstance(err, KeyError):
+            why = f"no field {err}"
+        elif isinstance(err, ValidationError):
+            first = err.errors()[0]
+            why = f"field {'.'.join(str(x) for x in first['loc'])}: {first['msg']}"
+        raise PredictorError(f"{path}: unreadable ({why}); {_retrain(path.parent)}") from None
 
 
 def _write_json(path: Path, data: object) -> None:
@@ -149,9 +181,9 @@ def _check_schema(schema: FeatureSchema, booster: lgb.Booster, src: Path) -> Non
             f"{SCHEMA_VERSION!r}; re-collect logs and retrain with `treewise train runs/NAME --out {src}`"
         )
     changed = [
-        f"{f.name} ({f.dtype} in the schema, {FEATURE_COLUMNS.get(f.name, 'absent')} in the node log)"
+        f"{f.name} ({f.dtype} in the schema, {ALL_FEATURE_COLUMNS.get(f.name, 'absent')} in the node log)"
         for f in schema.features
-        if str(FEATURE_COLUMNS.get(f.name)) != f.dtype
+        if str(ALL_FEATURE_COLUMNS.get(f.name)) != f.dtype
     ]
     if changed:
         raise FeatureSchemaError(

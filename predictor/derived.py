@@ -1,0 +1,142 @@
+"""Request-context features: what the decoder knows at run time beyond the node itself.
+
+The node log already carries the request's running acceptance (``running_accept_rate``) and the last
+step's accepted length (``prev_accepted``). These add a recent view and the parent's own draft:
+
+- ``recent_accepted``: exponential moving average (weight ``ALPHA`` on the newest) of the accepted
+  lengths of the request's earlier steps, a step that drafted nothing counting 0; NaN at the first step.
+- ``recent_accept_rate``: the same average of each earlier step's conditional acceptance (accepted /
+  tried, steps that tried nothing skipped); NaN until a step tried something.
+- ``parent_margin``, ``parent_entropy``: top-1 minus top-2 probability and entropy of the distribution
+  the node's parent was drafted from (how sure the draft was one level up); NaN at depth 1.
+
+Both producers are here so that training and serving compute them the same way: ``derived_columns``
+from node logs, ``RequestFeatures`` in a policy while decoding (``tests/predictor`` checks that they
+agree on a real decode).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+
+ALPHA = 0.5
+
+DERIVED_COLUMNS: dict[str, pa.DataType] = {
+    "recent_accepted": pa.float32(),
+    "recent_accept_rate": pa.float32(),
+    "parent_margin": pa.float32(),
+    "parent_entropy": pa.float32(),
+}
+
+
+def _ema(values: list[float], valid: list[bool]) -> list[float]:
+    """The average *before* each step (NaN until a valid value), over the valid earlier steps."""
+    out, avg = [], math.nan
+    for v, ok in zip(values, valid, strict=True):
+        out.append(avg)
+        if ok:
+            avg = v if avg != avg else ALPHA * v + (1 - ALPHA) * avg
+    return out
+
+
+def _history(req: np.ndarray, step: np.ndarray, on_path: np.ndarray, cond: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Per row: the request's recent accepted length and recent acceptance before the row's step."""
+    n_req = int(req.max(initial=-1)) + 1
+    n_step = int(step.max(initial=-1)) + 2
+    accepted = np.bincount(req * n_step + step, weights=on_path, minlength=n_req * n_step).reshape(n_req, n_step)
+    tried = np.bincount(req * n_step + step, weights=cond, minlength=n_req * n_step).reshape(n_req, n_step)
+    last = np.full(n_req, -1)
+    np.maximum.at(last, req, step)
+    rec_acc = np.full((n_req, n_step), np.nan)
+    rec_rate = np.full((n_req, n_step), np.nan)
+    for r in range(n_req):
+        k = last[r] + 1
+        a, t = accepted[r, :k].tolist(), tried[r, :k].tolist()
+        rec_acc[r, :k] = _ema(a, [True] * k)
+        rec_rate[r, :k] = _ema([x / y if y else 0.0 for x, y in zip(a, t, strict=True)], [y > 0 for y in t])
+    return rec_acc[req, step], rec_rate[req, step]
+
+
+def _parent_lookup(req: np.ndarray, step: np.ndarray, node: np.ndarray, parent: np.ndarray,
+                   values: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Each row's parent's value of every column in ``values`` (NaN at depth 1 or a missing parent)."""
+    n_step = int(step.max(initial=0)) + 1
+    n_node = int(max(node.max(initial=0), parent.max(initial=0))) + 2
+    key = (req * n_step + step) * n_node + node
+    order = np.argsort(key, kind="stable")
+    sorted_key = key[order]
+    parent_key = (req * n_step + step) * n_node + parent
+    pos = np.clip(np.searchsorted(sorted_key, parent_key), 0, max(len(key) - 1, 0))
+    found = (parent >= 0) & (sorted_key[pos] == parent_key) if len(key) else np.zeros(0, bool)
+    out = {}
+    for name, col in values.items():
+        v = np.full(len(key), np.nan)
+        v[found] = col[order[pos[found]]]
+        out[name] = v
+    return out
+
+
+def derived_columns(columns: Mapping[str, np.ndarray], request: np.ndarray, cond: np.ndarray) -> dict[str, np.ndarray]:
+    """Derived features for every row of a node-log table (``columns``: its numpy columns; ``request``: the
+    run + prompt key per row; ``cond``: rows that count as tried, verified with an accepted parent)."""
+    req = np.unique(request, return_inverse=True)[1].astype(np.int64).reshape(-1)
+    step = np.asarray(columns["step"], dtype=np.int64)
+    on_path = np.asarray(columns["on_accepted_path"], dtype=bool) & np.asarray(columns["verified"], dtype=bool)
+    rec_acc, rec_rate = _history(req, step, on_path.astype(np.float64), cond.astype(np.float64))
+    par = _parent_lookup(req, step, np.asarray(columns["node_id"], dtype=np.int64),
+                         np.asarray(columns["parent_id"], dtype=np.int64),
+                         {"parent_margin": np.asarray(columns["draft_margin"], dtype=np.float64),
+                          "parent_entropy": np.asarray(columns["draft_entropy"], dtype=np.float64)})
+    out = {"recent_accepted": rec_acc, "recent_accept_rate": rec_rate, **par}
+    return {k: v.astype(np.float32) for k, v in out.items()}
+
+
+@dataclass
+class RequestFeatures:
+    """The derived features while decoding one request: call ``start`` per request, ``begin_step`` at a
+    step's root, ``add`` for each level's features (fills the derived columns in place) and ``observe``
+    after each verified step (a step that drafted nothing is observed as 0 accepted, 0 tried)."""
+
+    _recent_accepted: float = math.nan
+    _recent_rate: float = math.nan
+    _margin: list[np.ndarray] = field(default_factory=list, repr=False)  # this step's candidates, by level
+    _entropy: list[np.ndarray] = field(default_factory=list, repr=False)
+
+    def start(self) -> None:
+        self._recent_accepted = self._recent_rate = math.nan
+        self.begin_step()
+
+    def begin_step(self) -> None:
+        self._margin, self._entropy = [], []
+
+    def add(self, features: dict[str, np.ndarray], parent: np.ndarray) -> dict[str, np.ndarray]:
+        """Add the derived columns to one level's features; ``parent``: candidate index in the step, -1 root."""
+        m = len(parent)
+        features["recent_accepted"] = np.full(m, self._recent_accepted, dtype=np.float32)
+        features["recent_accept_rate"] = np.full(m, self._recent_rate, dtype=np.float32)
+        if self._margin:
+            margin, entropy = np.concatenate(self._margin), np.concatenate(self._entropy)
+            has = parent >= 0
+            idx = np.where(has, parent, 0)
+            features["parent_margin"] = np.where(has, margin[idx], np.nan).astype(np.float32)
+            features["parent_entropy"] = np.where(has, entropy[idx], np.nan).astype(np.float32)
+        else:
+            features["parent_margin"] = np.full(m, np.nan, dtype=np.float32)
+            features["parent_entropy"] = np.full(m, np.nan, dtype=np.float32)
+        self._margin.append(np.asarray(features["draft_margin"], dtype=np.float32))
+        self._entropy.append(np.asarray(features["draft_entropy"], dtype=np.float32))
+        return features
+
+    def observe(self, accepted: int, tried: int) -> None:
+        a = float(accepted)
+        self._recent_accepted = a if self._recent_accepted != self._recent_accepted else (
+            ALPHA * a + (1 - ALPHA) * self._recent_accepted)
+        if tried > 0:
+            r = a / tried
+            self._recent_rate = r if self._recent_rate != self._recent_rate else (
+                ALPHA * r + (1 - ALPHA) * self._recent_rate)
