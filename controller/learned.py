@@ -8,6 +8,11 @@ children's predictions are spread keeps more of them (widening) and a peaked one
 drafted only when its expected gain covers one more draft forward; at the root, when the predicted
 value of the best root child (a running mean over recent steps) is too low to pay for drafting, the step is
 a plain target step (with a probe every ``probe_every`` steps).
+
+Online calibration (``online``, on by default): the predictor's outputs pass through a per-request
+Platt-style correction (``predictor.online``) refitted after every step to what the step revealed, the
+accepted length and the tried count (``StepOutcome``), shrunk toward the global model; the corrected
+probabilities value the next step's tree. ``online=None`` uses the global predictor as it is.
 """
 
 from __future__ import annotations
@@ -22,6 +27,8 @@ import torch
 
 from decoder import Candidates, Frontier, LevelPlan, RequestInfo, StepOutcome
 from decoder.paths import data_dir
+from predictor.derived import RequestFeatures
+from predictor.online import OnlineCalibrator, OnlineConfig, infer_step_labels
 
 from .budgets import BudgetsFile, DomainBudget, load_budgets
 from .latency import LatencyProfile
@@ -44,12 +51,23 @@ class DomainResolver(Protocol):
 
 
 @dataclass
+class _Level:
+    """One drafted level of the current step: the global predictions, parents (candidate index in the
+    step, -1 for the root) and which candidates the policy kept."""
+
+    raw: np.ndarray
+    parent: np.ndarray
+    keep: np.ndarray
+
+
+@dataclass
 class LearnedTree:
     predictor: AcceptanceModel
     budgets: BudgetsFile = field(default_factory=lambda: BudgetsFile(default=DomainBudget()))
     latency: LatencyProfile | None = None  # None: no cost rule, only thresholds and budgets
     classifier: DomainResolver | None = None  # resolves domain="auto"
     probe_every: int = 8  # a request that stopped drafting still drafts every N steps to notice a change
+    online: OnlineConfig | None = field(default_factory=OnlineConfig)  # None: no per-request correction
     domain: str = field(default="unknown", init=False)
     budget: DomainBudget = field(default_factory=DomainBudget, init=False)
     _values: list[np.ndarray] = field(default_factory=list, init=False, repr=False)
@@ -57,9 +75,16 @@ class LearnedTree:
     _draft_ms: float = field(default=0.0, init=False, repr=False)
     _nodes: int = field(default=0, init=False, repr=False)
     _root_value: float | None = field(default=None, init=False, repr=False)  # running mean of the best child value
+    _context: RequestFeatures = field(default_factory=RequestFeatures, init=False, repr=False)
+    _calibrator: OnlineCalibrator = field(default_factory=OnlineCalibrator, init=False, repr=False)
+    _step: list[_Level] = field(default_factory=list, init=False, repr=False)  # this step's levels so far
+
+    def __post_init__(self) -> None:
+        if self.online is not None:
+            self._calibrator = OnlineCalibrator(self.online)
 
     @classmethod
-    def default(cls, latency: LatencyProfile | None = None) -> LearnedTree:
+    def default(cls, latency: LatencyProfile | None = None, online: OnlineConfig | None = None) -> LearnedTree:
         """The shipped predictor, budgets, domain classifier and latency profile under data/."""
         from predictor import AcceptancePredictor
 
@@ -70,7 +95,8 @@ class LearnedTree:
         if profile is None and (data / "latency.json").exists():
             profile = LatencyProfile.model_validate_json((data / "latency.json").read_text())
         classifier = DomainClassifier.default() if (data / "domain_classifier.npz").exists() else None
-        return cls(AcceptancePredictor.load(Path(data / "predictor")), load_budgets(), profile, classifier)
+        predictor = AcceptancePredictor.load(Path(data / "predictor"))
+        return cls(predictor, load_budgets(), profile, classifier, online=online or OnlineConfig())
 
     # -- protocol ----------------------------------------------------------------------------------
 
@@ -82,12 +108,16 @@ class LearnedTree:
         # A domain tuned to another family (static, confidence) says nothing about learned sizes: use the default.
         self.domain, self.budget = domain, budget if budget.policy == "learned" else self.budgets.default
         self._root_value = None
+        self._context.start()
+        self._calibrator.reset()
+        self._step = []
 
     def plan(self, frontier: Frontier) -> LevelPlan:
         if frontier.depth == 0:
             return self._plan_root(frontier)
         value = self._values_of(frontier)
         keep = self._keep(value)
+        self._step[-1].keep = keep
         self._values.append(np.where(keep, value, 0.0))
         children = self._expand(frontier, value, keep)
         return LevelPlan(keep=torch.from_numpy(keep), children=torch.from_numpy(children))
@@ -96,7 +126,24 @@ class LearnedTree:
         return None
 
     def observe(self, outcome: StepOutcome) -> None:
-        return None
+        self._context.observe(outcome.accepted, outcome.tried)
+        if self.online is not None and outcome.verified > 0:
+            self._update_correction(outcome)
+
+    def _update_correction(self, outcome: StepOutcome) -> None:
+        """Refit the request's correction to the step's verified nodes (expected labels from the counts)."""
+        keep = np.concatenate([lv.keep for lv in self._step])
+        if int(keep.sum()) != outcome.verified:
+            return  # the tree is not the one this policy planned (a decoder cut): learn nothing from it
+        parent = np.concatenate([lv.parent for lv in self._step])
+        local = np.cumsum(keep) - 1  # index among the kept nodes
+        kept_parent = parent[keep]
+        parent_local = np.where(kept_parent >= 0, local[np.maximum(kept_parent, 0)], -1)
+        raw = np.concatenate([lv.raw for lv in self._step])[keep]
+        labels = infer_step_labels(parent_local, self._calibrator(raw), outcome.accepted, outcome.tried)
+        if labels is not None:
+            m = labels.weight > 0
+            self._calibrator.update(raw[m], labels.label[m], labels.weight[m])
 
     # -- rules -------------------------------------------------------------------------------------
 
@@ -109,6 +156,8 @@ class LearnedTree:
 
     def _plan_root(self, frontier: Frontier) -> LevelPlan:
         self._values, self._gain, self._nodes = [], 1.0, 0
+        self._step = []
+        self._context.begin_step()
         self._draft_ms = self.latency.draft_time(1) if self.latency is not None else 0.0
         # The predictor's own recent view of the best root child; before any, the request's running acceptance.
         rate = frontier.running_accept_rate
@@ -121,8 +170,12 @@ class LearnedTree:
     def _values_of(self, frontier: Frontier) -> np.ndarray:
         feats = frontier.features()
         feats["domain"] = np.full(frontier.size, self.domain, dtype=object)
-        p = self.predictor.predict_batch({n: feats[n] for n in self.predictor.feature_names})
         parents = frontier.parent.numpy()
+        self._context.add(feats, parents)
+        raw = np.asarray(self.predictor.predict_batch({n: feats[n] for n in self.predictor.feature_names}),
+                         dtype=np.float64)
+        p = self._calibrator(raw) if self.online is not None else raw
+        self._step.append(_Level(raw, parents, np.zeros(len(raw), dtype=bool)))
         if frontier.depth == 1:
             best = float(np.max(p)) if len(p) else 0.0
             self._root_value = best if self._root_value is None else 0.5 * (self._root_value + best)
