@@ -2,7 +2,8 @@
 
 Every stage leaves its output under `work` and is skipped when that output exists, so a killed run resumes;
 the two training stages checkpoint every few minutes and keep their elapsed time, so the minutes budget
-holds across restarts.
+holds across restarts. Every output is written under a temporary name and renamed when complete (folders
+as a whole), so a kill -9 never leaves a half-written file that a resume would take for finished.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,7 +24,7 @@ from safetensors.torch import load_file, save_file
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from decoder.atomic import atomic_path
+from decoder.atomic import atomic_dir, atomic_path, write_bytes_atomic
 from decoder.errors import TreewiseError
 
 from .config import ModelShape, PairConfig
@@ -70,9 +72,15 @@ class StageResult:
 Callback = Callable[[TrainProgress], None]
 
 
+# The files of an exported HF folder: an export replaces them all (a stale one never survives beside new ones).
+HF_FILES = ("config.json", "generation_config.json", "model.safetensors", "model.safetensors.index.json",
+            "pytorch_model.bin", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+            "chat_template.jinja")
+
+
 def save_corpus(corpus: Corpus, work: Path) -> None:
     for split, docs in (("train", corpus.train), ("valid", corpus.valid)):
-        with open(work / f"corpus_{split}.jsonl", "w", encoding="utf-8") as fh:
+        with atomic_path(work / f"corpus_{split}.jsonl") as tmp, open(tmp, "w", encoding="utf-8") as fh:
             for domain, items in docs.items():
                 for text in items:
                     fh.write(json.dumps({"domain": domain, "text": text}) + "\n")
@@ -114,7 +122,8 @@ def train_tokenizer(corpus: Corpus, vocab_size: int) -> PreTrainedTokenizerFast:
 def ensure_tokenizer(cfg: PairConfig, corpus: Corpus) -> PreTrainedTokenizerFast:
     folder = cfg.work / "tokenizer"
     if not (folder / "tokenizer.json").exists():
-        train_tokenizer(corpus, cfg.vocab_size).save_pretrained(folder)
+        with atomic_dir(folder) as stage:
+            train_tokenizer(corpus, cfg.vocab_size).save_pretrained(stage)
     return PreTrainedTokenizerFast.from_pretrained(folder)
 
 
@@ -136,7 +145,8 @@ def ensure_tokens(cfg: PairConfig, corpus: Corpus, tok: PreTrainedTokenizerFast)
             for split, docs in (("train", corpus.train), ("valid", corpus.valid))
             for d in DOMAINS
         }
-        np.savez(path, **arrays)
+        with atomic_path(path) as tmp, open(tmp, "wb") as fh:
+            np.savez(fh, **arrays)
     data = np.load(path)
     return {s: {d: data[f"{s}/{d}"] for d in DOMAINS} for s in ("train", "valid")}
 
@@ -215,10 +225,7 @@ def train_stage(
     opt = torch.optim.AdamW(model.parameters(), lr=peak_lr, betas=(0.9, 0.95), weight_decay=0.1)
     state = {"step": 0, "tokens": 0, "elapsed": 0.0, "loss": float("nan")}
     if ckpt_path.exists():
-        ckpt = torch.load(ckpt_path, weights_only=False, map_location=device)
-        model.load_state_dict(ckpt["model"])
-        opt.load_state_dict(ckpt["opt"])
-        state = ckpt["state"]
+        state = _restore(ckpt_path, model, opt, device)
     rng = np.random.default_rng(cfg.seed + state["step"] + (0 if teacher is None else 7919))
     model.train()
     ema: float | None = None
@@ -263,14 +270,41 @@ def train_stage(
     return StageResult(name, state["step"], state["tokens"], state["elapsed"], state["loss"], params)
 
 
+def _restore(path: Path, model: torch.nn.Module, opt: torch.optim.Optimizer, device: torch.device) -> dict:
+    """Load a stage checkpoint (tensors and plain values only: ``weights_only=True`` runs no pickled code)."""
+    fix = f"delete {path} to restart that stage, or pass the --work folder of the run that wrote it"
+    try:
+        ckpt = torch.load(path, weights_only=True, map_location=device)
+    except Exception as err:  # torch raises anything from UnpicklingError to IndexError on garbage
+        why = (str(err).splitlines() or [type(err).__name__])[0][:160]
+        raise TreewiseError(f"{path}: not a train-pair checkpoint (unreadable: {why}); {fix}") from None
+    try:
+        model.load_state_dict(ckpt["model"])
+        opt.load_state_dict(ckpt["opt"])
+        state = dict(ckpt["state"])
+    except RuntimeError as err:
+        raise TreewiseError(f"{path}: a checkpoint of another model shape ({str(err).splitlines()[0][:160]}); "
+                            f"{fix}") from None
+    except (KeyError, TypeError, ValueError) as err:
+        raise TreewiseError(f"{path}: not a train-pair checkpoint ({type(err).__name__}: {err}); {fix}") from None
+    return state
+
+
 def _checkpoint(path: Path, model: torch.nn.Module, opt: torch.optim.Optimizer, state: dict) -> None:
     with atomic_path(path) as tmp:
         torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "state": state}, tmp)
 
 
 def export_model(model: LlamaForCausalLM, tok: PreTrainedTokenizerFast, folder: Path) -> None:
-    """HF folder with bf16 weights; config says float32 so a plain from_pretrained computes in fp32."""
-    folder.mkdir(parents=True, exist_ok=True)
+    """HF folder with bf16 weights; config says float32 so a plain from_pretrained computes in fp32.
+
+    The folder is replaced as a whole: a kill while exporting leaves the previous model loadable.
+    """
+    with atomic_dir(folder, HF_FILES) as stage:
+        _export_files(model, tok, stage)
+
+
+def _export_files(model: LlamaForCausalLM, tok: PreTrainedTokenizerFast, folder: Path) -> None:
     model.config.dtype = "float32"
     model.config.save_pretrained(folder)
     eos = tok.convert_tokens_to_ids(EOS)
@@ -290,12 +324,22 @@ def export_model(model: LlamaForCausalLM, tok: PreTrainedTokenizerFast, folder: 
     tok.save_pretrained(folder)
 
 
+def _remove_leftovers(work: Path) -> None:
+    """Temporaries of a run killed midway (never read: every output is renamed into place when complete)."""
+    for path in work.glob(".*"):
+        if path.is_file() and path.name.endswith(".tmp"):
+            path.unlink()
+        elif path.is_dir() and ".new-" in path.name:
+            shutil.rmtree(path)
+
+
 def train_pair(cfg: PairConfig, on_progress: Callback = lambda p: None) -> list[StageResult]:
     """The whole recipe; returns one result per trained model and writes cfg.out/{target,draft}."""
     torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
     device = resolve_device(cfg.device)
     cfg.work.mkdir(parents=True, exist_ok=True)
+    _remove_leftovers(cfg.work)
     started = time.time()
     corpus = ensure_corpus(cfg)
     tok = ensure_tokenizer(cfg, corpus)
@@ -309,7 +353,7 @@ def train_pair(cfg: PairConfig, on_progress: Callback = lambda p: None) -> list[
             "train_tokens": {d: int(len(a)) for d, a in tokens.items()},
             "device": device_label(device, cfg.threads),
         }
-        meta_path.write_text(json.dumps(meta, indent=2))
+        write_bytes_atomic(meta_path, json.dumps(meta, indent=2).encode())
     budget = cfg.minutes * 60
     results = []
     target = LlamaForCausalLM(llama_config(cfg.target, cfg, tok))
@@ -329,5 +373,5 @@ def train_pair(cfg: PairConfig, on_progress: Callback = lambda p: None) -> list[
         )
     )
     export_model(draft, tok, cfg.out / "draft")
-    (cfg.work / "train_results.json").write_text(json.dumps([r.__dict__ for r in results], indent=2))
+    write_bytes_atomic(cfg.work / "train_results.json", json.dumps([r.__dict__ for r in results], indent=2).encode())
     return results
