@@ -79,3 +79,21 @@ def test_studies_data_dir_matches_the_decoder(monkeypatch, tmp_path) -> None:
     monkeypatch.setenv("TREEWISE_DATA", str(tmp_path))
     assert studies_paths.default_pair() == decoder_paths.default_pair() == (tmp_path / "models" / "target",
                                                                               tmp_path / "models" / "draft")
+
+
+def _diagram(doc: Path) -> str:
+    text = doc.read_text()
+    start = text.index("```\n studies/")
+    return text[start:text.index("```\n", start + 4)]
+
+
+def test_the_architecture_picture_names_every_package_and_job() -> None:
+    """README's "How it is built" and docs/architecture.md show one picture, and it names every subpackage."""
+    readme, doc = _diagram(ROOT / "README.md"), _diagram(ROOT / "docs" / "architecture.md")
+    assert readme == doc
+    jobs = sorted(p.parent.name for p in (ROOT / "studies").glob("*/__init__.py"))
+    assert len(jobs) >= 7
+    for name in [*(f"{job}/" for job in jobs), "cli.py"]:
+        assert f"\n │ {name}" in doc, f"studies/{name} is missing from the architecture picture"
+    for package in ("studies/", "controller/", "predictor/", "decoder/"):
+        assert f"\n {package}" in doc
