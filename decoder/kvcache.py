@@ -153,13 +153,19 @@ class BatchCache:
         sources = [torch.cat([c, p[k.to(self.device)]]) for c, p, k in zip(self.committed, self.pending, keeps,
                                                                            strict=True)]
         new_len = max((s.numel() for s in sources), default=0)
+        # Only slots whose source differs from their place move (mostly the accepted path): one indexed copy
+        # per layer for all rows; the right side is read into a new tensor first, so overlapping moves are safe.
+        moves = [(torch.full_like(src, r), torch.arange(src.numel(), device=self.device), src)
+                 for r, src in enumerate(sources)]
+        row, dst, src = (torch.cat(parts) for parts in zip(*moves, strict=True)) if moves else (None, None, None)
+        changed = dst != src if dst is not None else None
         for layer in self.cache.layers:
             if not layer.is_initialized:
                 continue
-            for r, src in enumerate(sources):
-                # Advanced indexing on the right copies first, so overlapping moves are safe.
-                layer.keys[r, :, : src.numel()] = layer.keys[r, :, src]
-                layer.values[r, :, : src.numel()] = layer.values[r, :, src]
+            if changed is not None and bool(changed.any()):
+                r, d, s = row[changed], dst[changed], src[changed]
+                layer.keys[r, :, d] = layer.keys[r, :, s]
+                layer.values[r, :, d] = layer.values[r, :, s]
             layer.keys, layer.values = layer.keys[:, :, :new_len], layer.values[:, :, :new_len]
         empty = torch.zeros(0, dtype=torch.long, device=self.device)
         self.committed = [torch.arange(s.numel(), device=self.device) for s in sources]
