@@ -181,9 +181,9 @@ def demo_cmd(
     threads: int = typer.Option(DemoConfig().threads, help="torch threads."),
 ) -> None:
     """Decode two test prompts per domain with the embedded pair: tree vs plain target decoding."""
-    cfg = DemoConfig(per_domain=per_domain, max_new_tokens=max_new_tokens, width=width, depth=depth, threads=threads)
     from .demo import run_demo
 
+    cfg = DemoConfig(per_domain=per_domain, max_new_tokens=max_new_tokens, width=width, depth=depth, threads=threads)
     rows = run_demo(cfg)
     table = Table(title=f"treewise demo: StaticTree(width={width}, depth={depth}) vs target.generate")
     for name in ("domain", "new", "tau", "tok/s", "plain", "speedup"):
