@@ -12,19 +12,16 @@ import copy
 import dataclasses
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from .draft import Drafter, DraftFeeds, DraftResult
-from .kvcache import BatchCache, Feed, draft_keep, target_keep
+from .kvcache import BatchCache, Feed
 from .policy import RequestInfo, TreePolicy
 from .results import GenerationStats, StepStats
+from .step import StepCore, _Request, _Run, draft_keep, target_keep
 from .verify import VerifyInput
-
-if TYPE_CHECKING:
-    from .engine import TreeDecoder, _Request, _Run
 
 
 def fresh_policy(policy: TreePolicy) -> TreePolicy:
@@ -49,7 +46,7 @@ class _Timing:
     verify_s: float = 0.0
 
 
-def decode_batch(dec: TreeDecoder, requests: list[_Request], runs: list[_Run]) -> list[GenerationStats]:
+def decode_batch(dec: StepCore, requests: list[_Request], runs: list[_Run]) -> list[GenerationStats]:
     """Decode every request to its own stop condition; each row's stats in the input order."""
     rows = [_Row(req, run) for req, run in zip(requests, runs, strict=True)]
     for row in rows:
@@ -73,7 +70,7 @@ def decode_batch(dec: TreeDecoder, requests: list[_Request], runs: list[_Run]) -
     return [row.stats for row in rows]
 
 
-def _step(dec: TreeDecoder, active: list[_Row], target: BatchCache, draft: BatchCache) -> None:
+def _step(dec: StepCore, active: list[_Row], target: BatchCache, draft: BatchCache) -> None:
     t0 = time.perf_counter()
     timing = _Timing()
     ctxs = [dec._context(row.req, len(row.stats.steps), row.run.domain) for row in active]
@@ -104,7 +101,7 @@ def _step(dec: TreeDecoder, active: list[_Row], target: BatchCache, draft: Batch
                                          dr.forwards, timing.draft_s / n, timing.verify_s / n, other, dr.policy_s))
 
 
-def _draft_all(dec: TreeDecoder, active: list[_Row], ctxs: list, cache: BatchCache,
+def _draft_all(dec: StepCore, active: list[_Row], ctxs: list, cache: BatchCache,
                timing: _Timing) -> list[DraftResult]:
     """Drive every row's drafter in lockstep: one batched draft forward per round of feeds."""
     gens: list[DraftFeeds] = [

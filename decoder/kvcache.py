@@ -6,7 +6,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
@@ -14,10 +13,6 @@ from transformers.cache_utils import DynamicLayer
 
 from .capability import AttentionLayout
 from .errors import TreewiseError
-
-if TYPE_CHECKING:
-    from .draft import DraftResult
-    from .verify import Acceptance
 
 
 def keep_rows(cache: DynamicCache, committed: int, rows: torch.Tensor) -> None:
@@ -180,14 +175,3 @@ class BatchCache:
         self.committed = [self.committed[r] for r in rows]
         self.pending = [self.pending[r] for r in rows]
         self.pending_pos = [self.pending_pos[r] for r in rows]
-
-
-def target_keep(acc: Acceptance, emitted: list[int]) -> torch.Tensor:
-    """Tree nodes the target cache keeps: the root and the emitted accepted nodes (the bonus is never cached)."""
-    return torch.tensor(acc.path[: len(emitted)], dtype=torch.long)
-
-
-def draft_keep(dr: DraftResult, acc: Acceptance, emitted: list[int]) -> torch.Tensor:
-    """Pending draft slots to keep: the fed nodes of the emitted accepted path (a prefix of it)."""
-    slots = dr.fed_slot[torch.tensor(acc.path[1 : len(emitted)], dtype=torch.long)]
-    return slots[: int((slots >= 0).cumprod(0).sum())]

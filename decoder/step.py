@@ -1,0 +1,217 @@
+"""The stages of one decoding step that a solo loop (engine) and a batched loop (batch) share.
+
+``StepCore`` holds the pair and what is known about it (attention layouts, context, EOS ids, token types);
+its methods build the target's tree feed, verify-side bookkeeping (emit, settle) and cache compaction.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
+
+from .capability import attention_layout
+from .draft import DraftContext, DraftResult
+from .errors import TreewiseError
+from .kvcache import Feed, SoloCache
+from .loading import check_pair
+from .logrows import RowMeta, step_rows
+from .nodelog import NodeLogWriter
+from .policy import StepOutcome, TreePolicy
+from .results import FinishReason, GenerationResult, GenerationStats
+from .tokentypes import token_type_table
+from .tree import DraftTree, chain_then_tree
+from .verify import Acceptance, DraftMode, Sampling, Verifier, verify
+
+
+@dataclass
+class _Request:
+    """Mutable state of one generation."""
+
+    seq: torch.Tensor  # [L] prompt + generated tokens; the last one is pending (not in the target cache)
+    prompt_len: int
+    max_new_tokens: int
+    target_cache: DynamicCache = field(default_factory=DynamicCache)
+    draft_cache: DynamicCache = field(default_factory=DynamicCache)
+    generated: list[int] = field(default_factory=list)
+    tried: int = 0
+    accepted: int = 0
+    prev_accepted: int = -1
+    finish: FinishReason | None = None
+
+    @property
+    def running_accept_rate(self) -> float:
+        return self.accepted / self.tried if self.tried else float("nan")
+
+
+@dataclass(frozen=True)
+class _Run:
+    """Per-request settings of the loop."""
+
+    policy: TreePolicy
+    sampling: Sampling
+    draft_mode: DraftMode
+    generator: torch.Generator | None
+    domain: str
+    prompt_id: str
+    run_id: str
+    log: NodeLogWriter | None
+    stream: Callable[[list[int]], None] | None = None
+
+
+class StepCore:
+    """A target/draft pair and the per-step stages both decode loops use."""
+
+    def __init__(self, target: PreTrainedModel, draft: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
+                 verifier: Verifier = verify, allow_unverified: bool = False) -> None:
+        check_pair(target, draft)
+        # Refuse what cannot be decoded exactly (recurrent state, flash kernels, ...) before any decoding.
+        self.target_layout = attention_layout(target, allow_unverified)
+        self.draft_layout = attention_layout(draft, allow_unverified)
+        self.target, self.draft, self.tokenizer = target.eval(), draft.eval(), tokenizer
+        self.verifier = verifier
+        self.device = next(target.parameters()).device
+        self.vocab = int(target.get_output_embeddings().weight.shape[0])
+        self.context = _context_length(target)
+        eos = target.generation_config.eos_token_id  # what model.generate stops on
+        self.eos_ids = frozenset([eos] if isinstance(eos, int) else (eos or []))
+        self._token_types = token_type_table(tokenizer, self.vocab)
+
+    def _result(self, req: _Request, stats: GenerationStats) -> GenerationResult:
+        text = self.tokenizer.decode(req.generated, skip_special_tokens=True)
+        return GenerationResult(text, list(req.generated), req.seq[: req.prompt_len].tolist(), req.finish, stats)
+
+    def _settle(self, req: _Request, run: _Run, ctx: DraftContext, dr: DraftResult, logits: torch.Tensor,
+                acc: Acceptance) -> tuple[list[int], dict[str, np.ndarray] | None]:
+        """After verification: emit tokens, stream them, tell the policy; the step's node-log rows if logging."""
+        emitted = self._emit(req, dr.tree, acc)
+        rows = None
+        if run.log is not None:
+            meta = RowMeta(run.run_id, run.prompt_id, run.domain, ctx.step, ctx.position, req.prompt_len,
+                           ctx.running_accept_rate, ctx.prev_accepted, run.sampling.temperature)
+            rows = step_rows(dr.candidates, acc, logits.argmax(-1), self._token_types, meta)
+        if run.stream is not None:
+            run.stream(emitted)
+        tried = int(torch.isin(dr.tree.parents[1:], torch.tensor(acc.path)).sum())
+        run.policy.observe(StepOutcome(ctx.step, dr.tree.size - 1, acc.accepted, tried))
+        req.tried, req.accepted, req.prev_accepted = req.tried + tried, req.accepted + acc.accepted, acc.accepted
+        return emitted, rows
+
+    def _context(self, req: _Request, step: int, domain: str) -> DraftContext:
+        room = self.context - req.seq.numel() - 1  # positions left after the bonus token
+        max_depth = max(0, min(req.max_new_tokens - len(req.generated) - 1, room))
+        return DraftContext(step, len(req.generated), req.prompt_len, domain, max_depth,
+                            req.running_accept_rate, req.prev_accepted, self._token_types)
+
+    def _target_forward(self, req: _Request, tree: DraftTree) -> tuple[torch.Tensor, float]:
+        """One stock forward over the uncached committed tokens plus the tree; logits [n, V] at tree nodes."""
+        t0 = time.perf_counter()
+        feed = self._tree_feed(req, tree, req.target_cache.get_seq_length())
+        logits = self._target_cache(req).forward(self.target, feed).float()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return logits, time.perf_counter() - t0
+
+    def _tree_feed(self, req: _Request, tree: DraftTree, cached: int) -> Feed:
+        """The committed tokens not yet in the target cache (a causal chain), then the tree under its mask."""
+        chain = req.seq[cached:-1]  # committed tokens before the root not yet in the cache
+        c = chain.numel()
+        root_pos = req.seq.numel() - 1
+        pos = torch.cat([torch.arange(cached, cached + c, device=self.device),
+                         tree.position_ids(root_pos).to(self.device)])  # [c + n]
+        vis = chain_then_tree(c, tree.ancestor_mask)
+        return Feed(torch.cat([chain, tree.tokens.to(self.device)]), pos, vis, commit=c, keep=tree.size)
+
+    def _target_cache(self, req: _Request) -> SoloCache:
+        return SoloCache(req.target_cache, self.target_layout, next(self.target.parameters()).dtype)
+
+    def _emit(self, req: _Request, tree: DraftTree, acc: Acceptance) -> list[int]:
+        """Accepted tokens plus the bonus, cut at EOS, max_new_tokens and the context length."""
+        proposed = tree.tokens[acc.path[1:]].tolist() + [acc.bonus]
+        emitted: list[int] = []
+        for token in proposed:
+            emitted.append(token)
+            req.generated.append(token)
+            if token in self.eos_ids:
+                req.finish = "eos"
+            elif len(req.generated) >= req.max_new_tokens:
+                req.finish = "length"
+            elif req.seq.numel() + len(emitted) >= self.context:
+                req.finish = "context"
+            if req.finish is not None:
+                break
+        return emitted
+
+    def _commit(self, req: _Request, dr: DraftResult, acc: Acceptance, emitted: list[int]) -> None:
+        """Keep only the emitted part of the accepted path in both caches; extend the sequence.
+
+        Invariant after each step: the target cache holds every token of ``seq`` but the last (pending) one.
+        """
+        committed = req.seq.numel()  # the root is the last committed token; the tree's nodes are pending
+        SoloCache(req.target_cache, self.target_layout, self.target.dtype, committed - 1).compact(
+            target_keep(acc, emitted))
+        if req.draft_cache.get_seq_length() >= committed:  # the draft caught up this step
+            SoloCache(req.draft_cache, self.draft_layout, self.draft.dtype, committed).compact(
+                draft_keep(dr, acc, emitted))
+        req.seq = torch.cat([req.seq, torch.tensor(emitted, dtype=req.seq.dtype, device=self.device)])
+
+    def _encode(self, prompt: str | list[int], max_new_tokens: int) -> list[int]:
+        if max_new_tokens < 1:
+            raise TreewiseError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        if isinstance(prompt, str):
+            if not prompt:
+                raise TreewiseError("the prompt is empty: pass at least one character or token id")
+            ids = self.tokenizer(prompt).input_ids
+        else:
+            ids = [int(i) for i in prompt]
+        if not ids:
+            raise TreewiseError("the prompt encodes to no tokens: pass a non-empty prompt")
+        if len(ids) >= self.context:
+            raise TreewiseError(
+                f"the prompt has {len(ids)} tokens but the target's context is {self.context}: "
+                "shorten the prompt to leave room for new tokens"
+            )
+        if max(ids) >= self.vocab or min(ids) < 0:
+            raise TreewiseError(f"prompt token ids must lie in [0, {self.vocab}); got {min(ids)}..{max(ids)}")
+        return ids
+
+    def _encode_batch(self, prompts: list[str] | list[list[int]], max_new_tokens: int) -> list[list[int]]:
+        if not prompts:
+            raise TreewiseError("a batch needs at least one prompt; got an empty list")
+        if len({isinstance(p, str) for p in prompts}) > 1:
+            raise TreewiseError("prompts mix strings and token-id lists: pass all strings or all lists of ids")
+        encoded = []
+        for i, prompt in enumerate(prompts):
+            try:
+                encoded.append(self._encode(prompt, max_new_tokens))
+            except TreewiseError as err:
+                raise TreewiseError(f"prompt {i}: {err}") from None
+        return encoded
+
+    def _pad_id(self) -> int | None:
+        pad = self.tokenizer.pad_token_id
+        return pad if pad is not None else (min(self.eos_ids) if self.eos_ids else None)
+
+
+def _context_length(model: PreTrainedModel) -> int:
+    cfg = model.config
+    for name in ("max_position_embeddings", "n_positions", "max_sequence_length"):
+        value = getattr(cfg, name, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return 1 << 30
+
+
+def target_keep(acc: Acceptance, emitted: list[int]) -> torch.Tensor:
+    """Tree nodes the target cache keeps: the root and the emitted accepted nodes (the bonus is never cached)."""
+    return torch.tensor(acc.path[: len(emitted)], dtype=torch.long)
+
+
+def draft_keep(dr: DraftResult, acc: Acceptance, emitted: list[int]) -> torch.Tensor:
+    """Pending draft slots to keep: the fed nodes of the emitted accepted path (a prefix of it)."""
+    slots = dr.fed_slot[torch.tensor(acc.path[1 : len(emitted)], dtype=torch.long)]
+    return slots[: int((slots >= 0).cumprod(0).sum())]
