@@ -40,6 +40,8 @@ def collect_cmd(
     target: Path = typer.Option(option_default(CollectConfig, "target"), help="Target model folder or hub id."),
     draft: Path = typer.Option(option_default(CollectConfig, "draft"), help="Draft model folder or hub id."),
     device: str = typer.Option(None, help="cpu or cuda (default: cuda when present)."),
+    batch_size: int = typer.Option(option_default(CollectConfig, "batch_size"),
+                                   help="Prompts decoded together in one batch (same node rows as 1)."),
     check_greedy: bool = typer.Option(option_default(CollectConfig, "check_greedy"),
                                       help="Greedy runs: also decode with plain target greedy and compare."),
     json_out: Path = typer.Option(None, "--json", help="Write the collect summary as JSON here."),
@@ -52,7 +54,8 @@ def collect_cmd(
     try:
         cfg = CollectConfig(out=out, suite=suite, split=split, domains=domain or None, tree=tree,
                             max_new_tokens=max_new_tokens, temperature=temperature, seed=seed, shard=shard,
-                            target=target, draft=draft, device=device, check_greedy=check_greedy)
+                            target=target, draft=draft, device=device, check_greedy=check_greedy,
+                            batch_size=batch_size)
         plan = plan_collect(cfg)  # holds the shard's writer lock until released
     except user_errors() as err:
         fail(console, err)

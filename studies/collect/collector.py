@@ -18,7 +18,7 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from decoder import SCHEMA_VERSION, NodeLogWriter, TreeDecoder, TreewiseError
+from decoder import SCHEMA_VERSION, GenerationResult, NodeLogWriter, TreeDecoder, TreewiseError
 from studies.shared.locks import FileLock
 from studies.shared.runs import (
     PromptRecord,
@@ -167,11 +167,32 @@ def _prompt_seed(config: CollectConfig, prompt_id: str) -> int | None:
 
 def collect_prompt(plan: CollectPlan, decoder: TreeDecoder, prompt: Prompt) -> PromptRecord:
     """Decode one prompt, write its node file, then its record (the commit)."""
+    return collect_batch(plan, decoder, [prompt])[0]
+
+
+def collect_batch(plan: CollectPlan, decoder: TreeDecoder, prompts: list[Prompt]) -> list[PromptRecord]:
+    """Decode prompts together (``generate_batch``; one alone: ``generate``), then per prompt write its node
+    file and its record (the commit). Batched rows log the same node rows as solo decoding."""
     cfg, layout = plan.config, plan.layout
-    writer = NodeLogWriter(layout.nodes_dir, flush_every=1, prefix=f"nodes-{Path(layout.record_path(prompt.id)).stem}")
-    out = decoder.generate(prompt.prompt, max_new_tokens=cfg.max_new_tokens, tree=parse_tree_spec(cfg.tree).build(),
-                           temperature=cfg.temperature, seed=_prompt_seed(cfg, prompt.id), domain=prompt.domain,
-                           prompt_id=prompt.id, run_id=layout.run_dir.name, log=writer)
+    writers = [NodeLogWriter(layout.nodes_dir, flush_every=1, prefix=f"nodes-{Path(layout.record_path(p.id)).stem}")
+               for p in prompts]
+    kw = dict(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, run_id=layout.run_dir.name)
+    tree = parse_tree_spec(cfg.tree).build()
+    if len(prompts) == 1:
+        p = prompts[0]
+        outs = [decoder.generate(p.prompt, tree=tree, seed=_prompt_seed(cfg, p.id), domain=p.domain,
+                                 prompt_id=p.id, log=writers[0], **kw)]
+    else:
+        outs = decoder.generate_batch([p.prompt for p in prompts], tree=tree,
+                                      seed=[_prompt_seed(cfg, p.id) for p in prompts],
+                                      domain=[p.domain for p in prompts], prompt_ids=[p.id for p in prompts],
+                                      log=list(writers), **kw)
+    return [_commit_prompt(plan, decoder, p, out, w) for p, out, w in zip(prompts, outs, writers, strict=True)]
+
+
+def _commit_prompt(plan: CollectPlan, decoder: TreeDecoder, prompt: Prompt, out: GenerationResult,
+                   writer: NodeLogWriter) -> PromptRecord:
+    cfg, layout = plan.config, plan.layout
     node_file = writer.written[-1] if writer.written else None
     greedy_match, plain_s = None, None
     if cfg.temperature == 0 and cfg.check_greedy:
@@ -279,15 +300,22 @@ def _run_pending(plan: CollectPlan, decoder: TreeDecoder,
     write_json_atomic(plan.layout.info_path, info.__dict__)
     failed: dict[str, str] = {}
     collected = 0
-    for prompt in plan.pending:
+    pending, size = plan.pending, plan.config.batch_size
+    for start in range(0, len(pending), size):
+        batch = pending[start : start + size]
         try:
-            record = collect_prompt(plan, decoder, prompt)
-        except TreewiseError as err:  # one refused prompt (too long, ...) should not stop the shard
-            failed[prompt.id] = str(err)
-            continue
-        collected += 1
-        if on_prompt is not None:
-            on_prompt(record)
+            records = collect_batch(plan, decoder, batch)
+        except TreewiseError:  # a refused prompt (too long, ...) refuses its batch: retry them one by one
+            records = []
+            for prompt in batch:
+                try:
+                    records.append(collect_prompt(plan, decoder, prompt))
+                except TreewiseError as err:  # one refused prompt should not stop the shard
+                    failed[prompt.id] = str(err)
+        collected += len(records)
+        for record in records:
+            if on_prompt is not None:
+                on_prompt(record)
     records = read_records(plan.layout.records_dir)
     export_shard_logs(plan.layout, records)
     summary = summarize(plan, records, collected, failed, time.perf_counter() - start)

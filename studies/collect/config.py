@@ -26,4 +26,5 @@ class CollectConfig(BaseModel):
     target: Path = Field(default_factory=lambda: data_dir() / "models" / "target")
     draft: Path = Field(default_factory=lambda: data_dir() / "models" / "draft")
     device: str | None = None
+    batch_size: int = Field(1, ge=1)  # prompts decoded together (generate_batch); node rows are the same
     check_greedy: bool = True  # greedy runs: decode each prompt with plain target greedy too

@@ -105,7 +105,7 @@ def test_node_logs_equal_solo(dec, tmp_path) -> None:
             assert (x == y).all(), name
 
 def test_bad_batches(dec) -> None:
-    with pytest.raises(TreewiseError, match="empty list"):
+    with pytest.raises(TreewiseError, match="at least one prompt"):
         dec.generate_batch([])
     with pytest.raises(TreewiseError, match="mix strings"):
         dec.generate_batch(["abc", [5, 6]])
@@ -113,3 +113,14 @@ def test_bad_batches(dec) -> None:
         dec.generate_batch(["abc", "x" * 300])
     with pytest.raises(TreewiseError, match="one entry per prompt"):
         dec.generate_batch(["abc", "def"], seed=[1])
+
+
+def test_plain_batch_rows_equal_solo_plain(dec) -> None:
+    """The batched baseline (left padding) gives each row the target's solo greedy output."""
+    prompts = _prompts(6)
+    outs = dec.generate_plain_batch(prompts, max_new_tokens=24)
+    refs = [dec.generate_plain(p, max_new_tokens=24) for p in prompts]
+    assert [o.token_ids for o in outs] == [r.token_ids for r in refs]
+    assert [o.finish_reason for o in outs] == [r.finish_reason for r in refs]
+    with pytest.raises(TreewiseError, match="at least one prompt"):
+        dec.generate_plain_batch([])

@@ -1,0 +1,109 @@
+"""``treewise bench --batch-size N``: batched tree decoding against batched plain decoding, side by side.
+
+For each batch size the prompts are cut into batches of that size; every row (plain ``model.generate`` with
+left padding, then each tree policy through ``generate_batch``) decodes the same batches, interleaved batch
+by batch with the row order rotated each repeat. Every row's greedy output is checked against the target's
+solo greedy decoding of that prompt.
+"""
+
+from __future__ import annotations
+
+import platform
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+from pydantic import BaseModel
+
+from decoder import GenerationResult, TreeDecoder
+from studies.shared.suites import Prompt
+from studies.shared.treespec import build_tree
+
+PLAIN = "plain"
+
+
+class BatchRow(BaseModel):
+    row: str
+    batch_size: int
+    spec: str | None
+    new_tokens: int
+    tokens_per_s: float  # median over repeats
+    tokens_per_s_range: tuple[float, float]
+    speedup: float  # median over repeats of plain time / row time, same batch size
+    tau: float | None  # tokens per target call per row (1 + accepted / steps)
+    verified_per_step: float | None
+    draft_share: float | None  # shares of the row's step time: draft forwards, target forward, the rest
+    verify_share: float | None
+    other_share: float | None
+    mismatches: int  # prompts whose output differs from the target's solo greedy decoding
+
+
+class BatchBenchResult(BaseModel):
+    prompts: int
+    max_new_tokens: int
+    repeats: int
+    batch_sizes: list[int]
+    specs: dict[str, str]
+    rows: list[BatchRow]
+    environment: dict[str, str]
+    wall_s: float
+
+
+Batcher = Callable[[list[Prompt]], list[GenerationResult]]
+
+
+def run_batch_bench(dec: TreeDecoder, prompts: list[Prompt], sizes: list[int], specs: dict[str, str],
+                    max_new_tokens: int, repeats: int,
+                    on_progress: Callable[[], None] | None = None) -> BatchBenchResult:
+    """Measure every row at every batch size; ``specs`` maps row name -> tree spec."""
+    t_start = time.perf_counter()
+    solo = {p.id: dec.generate_plain(p.prompt, max_new_tokens).token_ids for p in prompts}
+    batchers: dict[str, Batcher] = {PLAIN: lambda ps: dec.generate_plain_batch([p.prompt for p in ps], max_new_tokens)}
+    for name, spec in specs.items():
+        batchers[name] = (lambda pol: lambda ps: dec.generate_batch(
+            [p.prompt for p in ps], max_new_tokens, tree=pol, domain=[p.domain for p in ps],
+            prompt_ids=[p.id for p in ps]))(build_tree(spec))
+    times: dict[tuple[str, int], list[float]] = {}
+    outputs: dict[tuple[str, int], list[GenerationResult]] = {}
+    names = list(batchers)
+    for rep in range(repeats):
+        for size in sizes:
+            for start in range(0, len(prompts), size):
+                batch = prompts[start : start + size]
+                order = names[rep % len(names):] + names[: rep % len(names)]  # rotate: drift hits rows alike
+                for name in order:
+                    t0 = time.perf_counter()
+                    outs = batchers[name](batch)
+                    elapsed = time.perf_counter() - t0
+                    key = (name, size)
+                    times.setdefault(key, [0.0] * repeats)[rep] += elapsed
+                    if rep == 0:
+                        outputs.setdefault(key, []).extend(outs)
+                if on_progress is not None:
+                    on_progress()
+    rows = [_row(name, size, specs.get(name), times, outputs[(name, size)], prompts, solo)
+            for size in sizes for name in names]
+    env = {"torch": torch.__version__, "threads": str(torch.get_num_threads()), "python": platform.python_version(),
+           "machine": platform.machine(), "device": str(dec.device)}
+    return BatchBenchResult(prompts=len(prompts), max_new_tokens=max_new_tokens, repeats=repeats, batch_sizes=sizes,
+                            specs=specs, rows=rows, environment=env, wall_s=time.perf_counter() - t_start)
+
+
+def _row(name: str, size: int, spec: str | None, times: dict[tuple[str, int], list[float]],
+         outs: list[GenerationResult], prompts: list[Prompt], solo: dict[str, list[int]]) -> BatchRow:
+    tokens = sum(len(o.token_ids) for o in outs)
+    mine, plain = times[(name, size)], times[(PLAIN, size)]
+    rates = [tokens / t for t in mine]
+    steps = [s for o in outs for s in o.stats.steps] if name != PLAIN else []
+    busy = sum(s.draft_s + s.verify_s + s.other_s for s in steps)
+    share = (lambda part: sum(getattr(s, part) for s in steps) / busy) if busy else (lambda part: None)
+    return BatchRow(
+        row=name, batch_size=size, spec=spec, new_tokens=tokens, tokens_per_s=statistics.median(rates),
+        tokens_per_s_range=(min(rates), max(rates)),
+        speedup=statistics.median(p / t for p, t in zip(plain, mine, strict=True)),
+        tau=1 + sum(s.accepted for s in steps) / len(steps) if steps else None,
+        verified_per_step=sum(s.verified for s in steps) / len(steps) if steps else None,
+        draft_share=share("draft_s"), verify_share=share("verify_s"), other_share=share("other_s"),
+        mismatches=sum(o.token_ids != solo[p.id] for o, p in zip(outs, prompts, strict=True)),
+    )
