@@ -301,8 +301,8 @@ def _run_pending(plan: CollectPlan, decoder: TreeDecoder,
     failed: dict[str, str] = {}
     collected = 0
     pending, size = plan.pending, plan.config.batch_size
-    for start in range(0, len(pending), size):
-        batch = pending[start : start + size]
+    for first in range(0, len(pending), size):
+        batch = pending[first : first + size]
         try:
             records = collect_batch(plan, decoder, batch)
         except TreewiseError:  # a refused prompt (too long, ...) refuses its batch: retry them one by one
