@@ -94,6 +94,8 @@ def load_budgets(path: str | Path | None = None) -> BudgetsFile:
         raw = json.loads(file.read_text(encoding="utf-8"))
     except OSError as err:
         raise BudgetError(f"{file}: cannot read budgets file: {err.strerror or err}") from None
+    except UnicodeDecodeError as err:
+        raise BudgetError(f"{file}: not UTF-8 text (byte {err.start}); save it as UTF-8 JSON, {_FORMAT_HINT}") from None
     except json.JSONDecodeError as err:
         raise BudgetError(
             f"{file}: not valid JSON (line {err.lineno}, column {err.colno}: {err.msg}); fix the syntax, "

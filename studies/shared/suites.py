@@ -40,7 +40,7 @@ def load_suite(directory: str | Path, split: str | None = None, domains: list[st
     prompts: list[Prompt] = []
     seen: set[str] = set()
     for path in files:
-        for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        for lineno, line in enumerate(_lines(path), start=1):
             if not line.strip():
                 continue
             try:
@@ -64,6 +64,22 @@ def load_suite(directory: str | Path, split: str | None = None, domains: list[st
                              "pass one of those to --domain")
         prompts = [p for p in prompts if p.domain in domains]
     return prompts
+
+
+def _lines(path: Path) -> list[str]:
+    """The file's lines, split on newlines only (a JSON string may hold U+2028, which ``splitlines`` splits on)."""
+    try:
+        raw = path.read_bytes()
+    except OSError as err:
+        raise SuiteError(f"{path}: cannot read the suite file: {err.strerror or err}") from None
+    lines = []
+    for lineno, chunk in enumerate(raw.split(b"\n"), start=1):
+        try:
+            lines.append(chunk.decode("utf-8"))
+        except UnicodeDecodeError as err:
+            raise SuiteError(f"{path}:{lineno}: not UTF-8 text (byte {err.start} of the line): save the file "
+                             "as UTF-8") from None
+    return lines
 
 
 def _pydantic_msg(err: ValidationError) -> str:
