@@ -91,6 +91,9 @@ def tune_cmd(
                                      show_default="data/budgets.json, the controller's BUDGETS_FILE"),
     worker: Annotated[bool, typer.Option("--worker", help="only run trials: no budgets file, no held-out run")]
     = False,
+    heartbeat: Annotated[int, typer.Option(help="seconds between heartbeats of a running trial (SQLite, PostgreSQL, "
+                                                "MySQL); one silent 3x as long is failed and re-run")]
+    = _t("heartbeat_s"),
     target: Annotated[str | None, typer.Option(help="target id or folder (default: embedded pair)")] = None,
     draft: Annotated[str | None, typer.Option(help="draft id or folder")] = None,
     json_out: Annotated[Path | None, typer.Option("--json", help="write the report as JSON")] = None,
@@ -111,7 +114,8 @@ def tune_cmd(
                          per_domain=per_domain, heldout_per_domain=heldout_per_domain, max_new_tokens=max_new_tokens,
                          repeats=repeats, seed=seed, timeout_s=timeout, pruner=pruner,
                          pruner_warmup_steps=pruner_warmup, space=space, predictor=predictor,
-                         budgets_out=budgets_out, finalize=not worker, target=target, draft=draft)
+                         budgets_out=budgets_out, finalize=not worker, target=target, draft=draft,
+                         heartbeat_s=heartbeat)
     except ValidationError as err:
         raise _fail(console, _validation_message(err)) from None
     _run(cfg, _command_line(ctx), console, json_out, plots)
@@ -123,6 +127,7 @@ def _run(cfg: TuneConfig, command: str, console: Console, json_out: Path | None,
 
     from .report import LiveTuneView, print_report
     from .search import resolve_domains, tune
+    from .storage import safe_url
 
     try:
         names = resolve_domains(cfg)
@@ -132,8 +137,8 @@ def _run(cfg: TuneConfig, command: str, console: Console, json_out: Path | None,
     except TreewiseError as err:
         raise _fail(console, str(err)) from None
     except KeyboardInterrupt:
-        console.print(f"[yellow]interrupted[/yellow]: finished trials are saved in {cfg.storage}; rerun the same "
-                      "command to continue")
+        console.print(f"[yellow]interrupted[/yellow]: finished trials are saved in {safe_url(cfg.storage)}; rerun "
+                      "the same command to continue")
         raise typer.Exit(130) from None
     print_report(result.report, console, result.notes)
     console.print(f"tuning took {result.wall_s:.0f} s")
@@ -173,11 +178,12 @@ def report_cmd(
 
     from .report import print_report
     from .results import build_report, open_storage
+    from .storage import safe_url
 
     console = Console()
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     try:
-        report = build_report(open_storage(storage, must_exist=True), study_name, storage_url=storage)
+        report = build_report(open_storage(storage, must_exist=True), study_name, storage_url=safe_url(storage))
     except TreewiseError as err:
         raise _fail(console, str(err)) from None
     print_report(report, console)

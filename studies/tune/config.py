@@ -103,7 +103,8 @@ class TuneConfig(BaseModel):
     pruner: Literal["median", "none"] = "median"
     pruner_startup_trials: int = Field(3, ge=0)
     pruner_warmup_steps: int = Field(1, ge=0, description="prompts measured before a trial may be pruned")
-    heartbeat_s: int = Field(60, ge=1, description="RDB storages: a worker silent 2x this long is failed")
+    heartbeat_s: int = Field(10, ge=1, description="RDB storages: a trial whose worker is silent 3x this long "
+                             "is failed and re-queued for another worker")
     space: SearchSpace = Field(default_factory=SearchSpace)  # validated against the controller's bounds
     predictor: Path | None = None  # None: data/predictor when present
     latency_cache: Path = Path("runs/latency")

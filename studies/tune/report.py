@@ -16,7 +16,7 @@ from rich.table import Table
 
 from controller import DomainBudget
 
-from .results import BEST_STATIC, DEFAULTS, TUNED, TrialSummary, TuneReport, dashboard_command
+from .results import BEST_STATIC, DEFAULTS, TUNED, StudyStart, TrialSummary, TuneReport, dashboard_command
 
 _STATE_STYLE = {"COMPLETE": "green", "PRUNED": "yellow", "FAIL": "red", "RUNNING": "cyan", "WAITING": "dim"}
 
@@ -33,8 +33,34 @@ def _f(x: float | None, fmt: str = "{:.2f}") -> str:
     return "-" if x is None else fmt.format(x)
 
 
+def state_text(states: dict[str, int]) -> str:
+    """``total (complete/pruned/failed)``, plus what is neither (running, waiting) so the parts add up."""
+    s = states
+    failed = f"[red]{s['FAIL']}[/red]" if s["FAIL"] else "0"
+    rest = [f"{s[k]} {k.lower()}" for k in ("RUNNING", "WAITING") if s.get(k)]
+    return f"{sum(s.values())} ({s['COMPLETE']}/{s['PRUNED']}/{failed}{', ' + ', '.join(rest) if rest else ''})"
+
+
+def resume_lines(starts: dict[str, StudyStart]) -> list[str]:
+    """One line per study that already has trials: what this run continues from."""
+    lines = []
+    for st in starts.values():
+        if st.trials == 0:
+            continue
+        s = st.states
+        parts = [f"{s['COMPLETE']} complete", f"{s['PRUNED']} pruned", f"{s['FAIL']} failed"]
+        if s["RUNNING"]:
+            parts.append(f"{s['RUNNING']} running (another worker's, or a dead worker's until its heartbeat times out)")
+        if st.retried:
+            parts.append(f"{st.retried} of a dead worker re-queued for this run")
+        best = f"; best so far #{st.best.number} at {_f(st.best.value, '{:.3f}x')}" if st.best else ""
+        lines.append(f"resuming study {st.study}: {st.trials} trials already there ({', '.join(parts)}){best}")
+    return lines
+
+
 class LiveTuneView:
-    """A progress bar over all trials, the latest trials and the best so far per domain, redrawn per trial."""
+    """A progress bar over all trials, the latest trials and the best so far per domain (from storage, so
+    earlier runs and other workers count), redrawn per trial."""
 
     def __init__(self, console: Console, domains: list[str], trials_per_domain: int, last: int = 10) -> None:
         self.progress = Progress(TextColumn("tuning"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -49,8 +75,14 @@ class LiveTuneView:
     def __enter__(self) -> LiveTuneView:
         return self
 
-    def start(self) -> None:
-        """Begin drawing (tune calls it when trials begin, so setup errors print on a clean console)."""
+    def start(self, starts: dict[str, StudyStart] | None = None) -> None:
+        """Say what is resumed, then begin drawing (tune calls it when trials begin, so setup errors print on a
+        clean console)."""
+        for domain, st in (starts or {}).items():
+            if st.best is not None:
+                self.best[domain] = st.best
+        for line in resume_lines(starts or {}):
+            self.live.console.print(f"[cyan]{line}[/cyan]")
         if not self.started and self.progress.tasks[0].total:  # nothing to draw for --trials 0
             self.live.start()
             self.started = True
@@ -59,12 +91,12 @@ class LiveTuneView:
         if self.started:
             self.live.stop()
 
-    def on_trial(self, domain: str, trial: FrozenTrial) -> None:
+    def on_trial(self, domain: str, trial: FrozenTrial, best: FrozenTrial | None = None) -> None:
+        """``best``: the best trial in storage now, the one the final report will name."""
         summary = TrialSummary.of(trial)
         self.recent.append((domain, summary))
-        if summary.state == "COMPLETE" and summary.value is not None:
-            if domain not in self.best or summary.value > (self.best[domain].value or 0.0):
-                self.best[domain] = summary
+        if best is not None:
+            self.best[domain] = TrialSummary.of(best)
         self.progress.advance(self.task)
         self.live.update(self._render())
 
@@ -75,6 +107,7 @@ class LiveTuneView:
         for domain, t in self.recent:
             style = _STATE_STYLE.get(t.state, "")
             detail = budget_text(t.budget) if t.state != "FAIL" else f"[red]{t.fail_reason or '?'}[/red]"
+            detail += f" (retry of #{t.retry_of}, whose worker died)" if t.retry_of is not None else ""
             trials.add_row(domain, str(t.number), f"[{style}]{t.state}[/{style}]", _f(t.value, "{:.3f}x"),
                            _f(t.tau), _f(t.duration_s, "{:.1f}"), detail)
         best = Table(title="best so far", title_justify="left")
@@ -91,11 +124,8 @@ def budgets_table(report: TuneReport) -> Table:
                 "best static (tune)"):
         t.add_column(col, justify="right" if col in ("best #", "speedup (tune)", "tau") else "left")
     for d in report.domains.values():
-        s = d.states
-        counts = f"{d.trials} ({s['COMPLETE']}/{s['PRUNED']}/[red]{s['FAIL']}[/red])" if s["FAIL"] else \
-            f"{d.trials} ({s['COMPLETE']}/{s['PRUNED']}/0)"
         b, st = d.best, d.best_static
-        t.add_row(d.domain, counts, str(b.number) if b else "-", _f(b.value if b else None, "{:.3f}x"),
+        t.add_row(d.domain, state_text(d.states), str(b.number) if b else "-", _f(b.value if b else None, "{:.3f}x"),
                   _f(b.tau if b else None), budget_text(b.budget if b else None),
                   f"{_f(st.value, '{:.3f}x')} {budget_text(st.budget)}" if st else "-")
     return t

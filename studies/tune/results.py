@@ -1,4 +1,4 @@
-"""What a tuning run leaves in Optuna storage, read back as typed data: storage URLs, best trials, the
+"""What a tuning run leaves in Optuna storage, read back as typed data: best trials, the
 held-out comparison (measured once when a run finalises, stored as a study user attr) and the report that
 ``treewise report`` rebuilds from storage alone, without decoding anything."""
 
@@ -6,64 +6,26 @@ from __future__ import annotations
 
 import time
 import warnings
-from pathlib import Path
 
 import optuna
 from optuna.importance import PedAnovaImportanceEvaluator
-from optuna.storages import BaseStorage, JournalStorage, RDBStorage
-from optuna.storages.journal import JournalFileBackend
+from optuna.storages import BaseStorage
 from optuna.trial import FrozenTrial, TrialState
 from pydantic import BaseModel, Field
 
 from controller import AcceptanceModel, BudgetedTree, BudgetsFile, DomainBudget, LatencyProfile
-from decoder import TreeDecoder, TreewiseError
+from decoder import TreeDecoder
 from studies.shared.measure import PLAIN, BenchConfig, Runner, measure, select_prompts, summarize
 from studies.shared.suites import load_suite
 
+from .storage import TuneError, dashboard_command, fail_stale_trials, open_storage  # noqa: F401 (re-exported)
+
 TUNED, DEFAULTS, BEST_STATIC = "tuned", "defaults", "best_static"
-JOURNAL = "journal://"
-_URL_HINT = "use sqlite:///PATH, postgresql://USER@HOST/DB, mysql+pymysql://USER@HOST/DB or journal:///PATH"
-
-
-class TuneError(TreewiseError):
-    """Bad tuning input (space, storage, suite, predictor); the message names the problem and the fix."""
+DEAD_WORKER = "its worker died (killed, or its machine was lost): its heartbeat stopped"
 
 
 def study_name_for(prefix: str, domain: str) -> str:
     return f"{prefix}-{domain}"
-
-
-def open_storage(url: str, heartbeat_s: int | None = None, must_exist: bool = False) -> BaseStorage:
-    """An Optuna storage for ``url``; ``journal:///PATH`` is a journal file. ``must_exist`` for read-only use."""
-    if url.startswith(JOURNAL):
-        path = Path(url[len(JOURNAL):])
-        if must_exist and not path.is_file():
-            raise TuneError(f"storage {url}: journal file {path} does not exist; pass the URL `treewise tune` used")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        return JournalStorage(JournalFileBackend(str(path)))
-    kwargs: dict = {}
-    if url.startswith("sqlite:///"):
-        path = Path(url[len("sqlite:///"):])
-        if must_exist and not path.is_file():
-            raise TuneError(f"storage {url}: database {path} does not exist; pass the URL `treewise tune` used")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        kwargs["connect_args"] = {"timeout": 60}  # several workers: wait for the write lock rather than fail
-    heartbeat = {} if heartbeat_s is None else {"heartbeat_interval": heartbeat_s, "grace_period": 2 * heartbeat_s}
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)  # heartbeats are "experimental"
-            return RDBStorage(url, engine_kwargs=kwargs, **heartbeat)
-    except ImportError as err:
-        raise TuneError(f"storage {url}: database driver missing ({err.name}); install it, e.g. "
-                        "pip install psycopg2-binary (PostgreSQL) or pymysql (MySQL)") from None
-    except Exception as err:  # sqlalchemy parses and connects here; its messages name the URL problem
-        first = str(err).splitlines()[0] if str(err) else type(err).__name__
-        raise TuneError(f"storage {url!r} cannot be opened: {first}; {_URL_HINT}") from None
-
-
-def dashboard_command(url: str) -> str:
-    """How to open ``url`` in optuna-dashboard (it takes a journal file as a plain path)."""
-    return f"optuna-dashboard {url[len(JOURNAL):] if url.startswith(JOURNAL) else url}"
 
 
 def best_trial(study: optuna.Study, family: str | None = None) -> FrozenTrial | None:
@@ -144,15 +106,46 @@ class TrialSummary(BaseModel):
     tau: float | None = None
     tokens_per_s: float | None = None
     fail_reason: str | None = None
+    retry_of: int | None = None  # the trial of a dead worker this one re-runs (same parameters)
 
     @classmethod
     def of(cls, t: FrozenTrial) -> TrialSummary:
         raw = t.user_attrs.get("budget")
         reason = t.user_attrs.get("fail_reason") or t.system_attrs.get("fail_reason")
+        if t.state == TrialState.FAIL and not reason:  # failed from outside: its heartbeat stopped
+            reason = DEAD_WORKER
         return cls(number=t.number, state=t.state.name, value=t.value,
                    budget=DomainBudget.model_validate(raw) if raw else None,
                    duration_s=t.duration.total_seconds() if t.duration else None, tau=t.user_attrs.get("tau"),
-                   tokens_per_s=t.user_attrs.get("tokens_per_s"), fail_reason=reason)
+                   tokens_per_s=t.user_attrs.get("tokens_per_s"), fail_reason=reason,
+                   retry_of=t.system_attrs.get("failed_trial"))
+
+
+class StudyStart(BaseModel):
+    """What a study holds when a tune call opens it: a rerun after Ctrl-C or kill -9 resumes from here."""
+
+    study: str
+    states: dict[str, int]  # every TrialState name; trials of dead workers already FAIL (heartbeats)
+    best: TrialSummary | None
+    retried: int = 0  # trials of dead workers re-queued (WAITING) for this run to take over
+
+    @property
+    def trials(self) -> int:
+        return sum(self.states.values())
+
+    @classmethod
+    def of(cls, study: optuna.Study) -> StudyStart:
+        trials = study.get_trials(deepcopy=False)
+        best = best_trial(study)
+        return cls(study=study.study_name, states=state_counts(trials), best=TrialSummary.of(best) if best else None,
+                   retried=sum(t.state == TrialState.WAITING and "failed_trial" in t.system_attrs for t in trials))
+
+
+def state_counts(trials: list[FrozenTrial]) -> dict[str, int]:
+    states = {s.name: 0 for s in TrialState}
+    for t in trials:
+        states[t.state.name] += 1
+    return states
 
 
 class Importances(BaseModel):
@@ -226,10 +219,9 @@ def build_report(storage: BaseStorage, prefix: str, domains: list[str] | None = 
     reports = {}
     for domain, name in sorted(found.items()):
         study = optuna.load_study(study_name=name, storage=storage)
+        fail_stale_trials(study)  # with heartbeats: a dead worker's trial is FAIL, not RUNNING forever
         trials = study.get_trials(deepcopy=False)
-        states = {s.name: 0 for s in TrialState}
-        for t in trials:
-            states[t.state.name] += 1
+        states = state_counts(trials)
         best, static = best_trial(study), best_trial(study, family="static")
         heldout = study.user_attrs.get("heldout")
         reports[domain] = DomainReport(

@@ -47,17 +47,21 @@ from studies.shared.suites import Prompt, load_suite
 from .config import SearchSpace, TuneConfig
 from .results import (
     HeldoutResult,
+    StudyStart,
     TuneError,
     TuneReport,
     best_trial,
     build_report,
     evaluate_heldout,
+    fail_stale_trials,
     open_storage,
     study_name_for,
 )
+from .storage import safe_url
 
 PolicyFactory = Callable[[DomainBudget], TreePolicy]
-TrialCallback = Callable[[str, FrozenTrial], None]
+TrialCallback = Callable[[str, FrozenTrial, FrozenTrial | None], None]  # domain, trial, best in storage
+StartCallback = Callable[[dict[str, StudyStart]], None]
 
 
 class GreedyMismatchError(TreewiseError):
@@ -85,11 +89,12 @@ class _Setup:
 
 def tune(cfg: TuneConfig, *, dec: TreeDecoder | None = None, predictor: AcceptanceModel | None = None,
          policy_factory: PolicyFactory | None = None, on_trial: TrialCallback | None = None,
-         on_start: Callable[[], None] | None = None, command: str | None = None) -> TuneResult:
+         on_start: StartCallback | None = None, command: str | None = None) -> TuneResult:
     """Run ``cfg.trials`` more trials per domain, then (``cfg.finalize``) write budgets and evaluate held out.
 
-    ``on_start`` is called once setup (suite, storage, models, predictor) has passed, before the first trial;
-    ``on_trial`` after each trial; ``predictor`` and ``policy_factory`` replace the ones found on disk (tests).
+    ``on_start`` is called once setup (suite, storage, models, predictor) has passed, before the first trial,
+    with what each study already holds (a rerun resumes); ``on_trial`` after each trial with the best trial in
+    storage (other workers' included); ``predictor`` and ``policy_factory`` replace the ones on disk (tests).
     """
     t0 = time.perf_counter()
     domains = resolve_domains(cfg)
@@ -98,17 +103,17 @@ def tune(cfg: TuneConfig, *, dec: TreeDecoder | None = None, predictor: Acceptan
     setup = _setup(cfg, dec or load_bench_decoder(_bench_cfg(cfg, cfg.split, None, 1)), predictor, policy_factory)
     studies = {d: _open_study(storage, cfg, d, setup.space) for d in domains}
     if on_start is not None:
-        on_start()
+        on_start({d: StudyStart.of(study) for d, study in studies.items()})
     for domain, study in studies.items():
         if cfg.trials == 0:
             continue
-        callbacks = [lambda _s, t, d=domain: on_trial(d, t)] if on_trial is not None else []
+        callbacks = [lambda s, t, d=domain: on_trial(d, t, best_trial(s))] if on_trial is not None else []
         study.optimize(lambda trial, d=domain: _objective(trial, setup, cfg, prompts[d]), n_trials=cfg.trials,
                        timeout=cfg.timeout_s, catch=(Exception,), callbacks=callbacks)
     budgets_path = None
     if cfg.finalize:
         budgets_path = _finalize(storage, cfg, domains, setup, time.perf_counter() - t0, command)
-    report = build_report(storage, cfg.study_name, domains, storage_url=cfg.storage)
+    report = build_report(storage, cfg.study_name, domains, storage_url=safe_url(cfg.storage))
     return TuneResult(report=report, budgets_path=budgets_path, wall_s=time.perf_counter() - t0, notes=setup.notes)
 
 
@@ -166,6 +171,7 @@ def _open_study(storage: optuna.storages.BaseStorage, cfg: TuneConfig, domain: s
     trials_so_far = 0
     try:
         existing = optuna.load_study(study_name=name, storage=storage)
+        fail_stale_trials(existing)  # a killed worker's trial: FAIL, and re-queued for this run to take over
         trials_so_far = len(existing.get_trials(deepcopy=False))
     except KeyError:
         pass
@@ -183,7 +189,7 @@ def _open_study(storage: optuna.storages.BaseStorage, cfg: TuneConfig, domain: s
         study.set_user_attr("domain", domain)
         study.set_user_attr("space", space.model_dump(mode="json"))
     elif SearchSpace.model_validate(stored) != space:
-        raise TuneError(f"study {name!r} in {cfg.storage} was created with search space {stored}; this call "
+        raise TuneError(f"study {name!r} in {safe_url(cfg.storage)} was created with search space {stored}; this call "
                         f"searches {space.model_dump(mode='json')}: pass the same --family options (and "
                         "predictor availability) or use a new --study-name")
     return study
@@ -195,6 +201,9 @@ def _objective(trial: Trial, setup: _Setup, cfg: TuneConfig, prompts: list[Promp
         trial.set_user_attr("budget", budget.model_dump(mode="json"))
         return _measure_trial(trial, setup.dec, setup.factory(budget), cfg, prompts)
     except optuna.TrialPruned:
+        raise
+    except KeyboardInterrupt:
+        trial.set_user_attr("fail_reason", "interrupted (Ctrl-C)")
         raise
     except Exception as err:  # recorded with the trial so the report can say why it failed
         trial.set_user_attr("fail_reason", f"{type(err).__name__}: {err}")
@@ -266,6 +275,7 @@ def _finalize(storage: optuna.storages.BaseStorage, cfg: TuneConfig, domains: li
     trials = 0
     for domain in domains:
         study = optuna.load_study(study_name=study_name_for(cfg.study_name, domain), storage=storage)
+        fail_stale_trials(study)
         trials += len(study.get_trials(deepcopy=False))
         best = best_trial(study)
         if best is not None:
@@ -298,7 +308,7 @@ def _write_budgets(cfg: TuneConfig, tuned: dict[str, DomainBudget], trials: int,
     provenance = Provenance(
         command=command or shlex.join(sys.argv), trials=trials, wall_s=round(wall_s, 1),
         created=datetime.now(timezone.utc).isoformat(timespec="seconds"), study_name=cfg.study_name,
-        storage=cfg.storage, notes=notes,
+        storage=safe_url(cfg.storage), notes=notes,
     )
     budgets = BudgetsFile(default=previous.default if previous else DomainBudget(),
                           domains={**(previous.domains if previous else {}), **tuned}, provenance=provenance)
