@@ -173,7 +173,7 @@ def read_record(path: Path) -> PromptRecord:
         return PromptRecord.model_validate_json(path.read_text(encoding="utf-8"))
     except (OSError, ValidationError) as err:
         raise RunError(
-            f"{path}: unreadable prompt record ({str(err).splitlines()[0]}); delete it to re-collect that prompt"
+            f"{path}: unreadable prompt record ({_why(err)}); delete it to re-collect that prompt"
         ) from None
 
 
@@ -229,7 +229,17 @@ def read_manifest(run_dir: Path) -> RunManifest | None:
     try:
         return RunManifest.model_validate_json(path.read_text(encoding="utf-8"))
     except ValidationError as err:
-        raise RunError(f"{path}: not a treewise run manifest ({str(err).splitlines()[0]})") from None
+        raise RunError(f"{path}: not a treewise run manifest ({_why(err)}); restore it from a backup, "
+                       "or collect into a new --out") from None
+
+
+def _why(err: Exception) -> str:
+    """The first problem of a pydantic error (its own first line only says how many there are)."""
+    if isinstance(err, ValidationError):
+        first = err.errors()[0]
+        where = ".".join(str(x) for x in first["loc"])
+        return f"{where}: {first['msg']}" if where else first["msg"]
+    return (str(err).splitlines() or [type(err).__name__])[0]
 
 
 def steps_table(records: list[PromptRecord]) -> pa.Table:
