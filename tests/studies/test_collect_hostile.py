@@ -113,3 +113,21 @@ def test_unknown_domain_names_the_known_ones(suite, tiny_pair_dir, tmp_path):
     assert result.exit_code == 2
     assert "unknown domain 'poetry'" in result.output and "code, math" in result.output
     assert not (tmp_path / "r").exists()  # refused before anything is written
+
+
+def test_train_reads_only_finished_prompts_of_a_run(suite, tiny_pair_dir, tmp_path):
+    from studies.learn.data import read_runs
+
+    out = tmp_path / "run"
+    assert collect(_config(suite, tiny_pair_dir, out, 8)).complete
+    finished = read_runs([out])
+    # A prompt killed between its node part and its record: a complete part without a commit.
+    record = sorted((out / "records" / "shard-1-of-1").glob("*.json"))[0]
+    meta = json.loads(record.read_text())
+    record.unlink()
+    unfinished = read_runs([out])
+    assert (out / meta["node_file"]).exists()
+    assert set(unfinished.column("prompt_id").to_pylist()) == set(finished.column("prompt_id").to_pylist()) - {
+        meta["prompt_id"]}
+    assert unfinished.num_rows == finished.num_rows - meta["node_rows"]
+    assert read_runs([out / "nodes"]).num_rows == finished.num_rows  # a plain folder: every part
