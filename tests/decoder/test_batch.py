@@ -124,3 +124,24 @@ def test_plain_batch_rows_equal_solo_plain(dec) -> None:
     assert [o.finish_reason for o in outs] == [r.finish_reason for r in refs]
     with pytest.raises(TreewiseError, match="at least one prompt"):
         dec.generate_plain_batch([])
+
+
+def test_embedded_pair_rows_equal_solo_greedy() -> None:
+    """The shipped pair, 8 test-split prompts of mixed domains and lengths, batches of 4 and 8."""
+    import json
+    from pathlib import Path
+
+    data = Path(__file__).resolve().parents[2] / "data"
+    if not (data / "models" / "target" / "config.json").exists():
+        pytest.skip("data/models not built: run `treewise train-pair`")
+    dec = TreeDecoder.from_pretrained(data / "models" / "target", data / "models" / "draft", device="cpu")
+    prompts = []
+    for suite in sorted((data / "prompts").glob("*.jsonl")):
+        rows = [json.loads(line) for line in suite.read_text().splitlines() if line.strip()]
+        prompts.append(next(r["prompt"] for r in rows if r["split"] == "test"))
+    assert len({len(p) for p in prompts}) > 4  # mixed lengths
+    refs = [dec.generate_plain(p, max_new_tokens=32).token_ids for p in prompts]
+    for size in (4, 8):
+        outs = [o for i in range(0, len(prompts), size)
+                for o in dec.generate_batch(prompts[i : i + size], max_new_tokens=32, tree=StaticTree(2, 3))]
+        assert [o.token_ids for o in outs] == refs
