@@ -15,14 +15,18 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 from transformers import DynamicCache, PreTrainedModel
 
-from decoder import TreeDecoder, tree_attention_mask
+from decoder import TreeDecoder, TreewiseError, tree_attention_mask
 from decoder.atomic import write_bytes_atomic
 from decoder.paths import data_dir
 
 SIZES = (1, 2, 4, 8, 16, 32, 64)
+
+
+class LatencyError(TreewiseError):
+    """A latency profile file that cannot be read; the message names it and how to rebuild it."""
 
 
 class LatencyProfile(BaseModel):
@@ -42,6 +46,17 @@ class LatencyProfile(BaseModel):
 
     def draft_time(self, n: int | float) -> float:
         return _interp(n, self.sizes, self.draft_ms)
+
+    @classmethod
+    def read(cls, path: str | Path) -> LatencyProfile:
+        """A profile written by ``treewise latency`` (or the cache); garbage raises ``LatencyError`` naming it."""
+        file = Path(path)
+        try:
+            return cls.model_validate_json(file.read_bytes())
+        except (OSError, ValidationError) as err:
+            why = str(err) if isinstance(err, OSError) else _first(err)
+            raise LatencyError(f"{file}: not a latency profile ({why}); measure it again with `treewise latency "
+                               f"--out {file}` (or delete it)") from None
 
     @classmethod
     def flat(cls, target_ms: float = 1.0, draft_ms: float = 0.3, per_node_ms: float = 0.0) -> LatencyProfile:
@@ -94,6 +109,12 @@ def measure_latency(target: PreTrainedModel, draft: PreTrainedModel, context: in
     )
 
 
+def _first(err: ValidationError) -> str:
+    first = err.errors()[0]
+    where = ".".join(str(x) for x in first["loc"])
+    return f"{where}: {first['msg']}" if where else first["msg"]
+
+
 def pair_key(target: PreTrainedModel, draft: PreTrainedModel) -> str:
     """Identifies a pair on a device: both configs, dtypes, the device and the thread count."""
     parts = [_config_text(target), _config_text(draft),
@@ -118,12 +139,12 @@ def load_or_measure(dec: TreeDecoder, cache_dir: str | Path) -> LatencyProfile:
     key = pair_key(dec.target, dec.draft)
     shipped = data_dir() / "latency.json"
     if shipped.exists():
-        profile = LatencyProfile.model_validate_json(shipped.read_text())
+        profile = LatencyProfile.read(shipped)
         if profile.key == key:
             return profile
     path = cache_dir / f"latency-{key}.json"
     if path.exists():
-        return LatencyProfile.model_validate_json(path.read_text())
+        return LatencyProfile.read(path)
     profile = measure_latency(dec.target, dec.draft)
     write_bytes_atomic(path, json.dumps(profile.model_dump(), indent=1).encode())
     return profile
