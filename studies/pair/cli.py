@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-from studies.shared.commands import write_text
+from studies.shared.commands import fail, user_errors, write_text
 
 from .config import DemoConfig, EvalConfig, ModelShape, PairConfig
 
@@ -93,7 +93,10 @@ def train_pair_cmd(
                 if not console.is_terminal and p.step % 100 == 0:  # a readable log under nohup
                     console.print(f"{p.stage} {p.elapsed_s / 60:.1f}/{p.budget_s / 60:.1f} min {info}")
 
-        results = train_pair(cfg, update)
+        try:
+            results = train_pair(cfg, update)
+        except user_errors() as err:  # a bad checkpoint, --init-from or --device: one line
+            fail(console, err)
     table = Table("model", "params", "steps", "tokens", "minutes", "tokens/s", "final loss")
     for r in results:
         table.add_row(
@@ -121,11 +124,18 @@ def pair_report_cmd(
     from .meta import card_meta, demo_text
 
     cfg = EvalConfig(models=models, work=work, threads=threads)
-    result = evaluate_pair(cfg)
-    save_eval(result, work / "eval.json")
-    trials = search_trees(models, threads)
+    for name in ("tokens.npz", "train_results.json"):
+        if not (work / name).is_file():
+            fail(console, f"{work / name} is missing: pass --work, the folder `treewise train-pair` used "
+                          "(it holds the held-out tokens and the training results)")
     demo_cfg = DemoConfig(threads=threads)
-    rows = run_demo(demo_cfg, data=models.parent)
+    try:
+        result = evaluate_pair(cfg)
+        save_eval(result, work / "eval.json")
+        trials = search_trees(models, threads)
+        rows = run_demo(demo_cfg, data=models.parent)
+    except user_errors() as err:
+        fail(console, err)
     head = f"treewise demo: StaticTree(width={demo_cfg.width}, depth={demo_cfg.depth}), "
     meta = card_meta(work, command, head + f"{demo_cfg.max_new_tokens} new tokens, test split\n" + demo_text(rows))
     meta["tree_search"] = [t.__dict__ for t in trials]
@@ -184,7 +194,10 @@ def demo_cmd(
     from .demo import run_demo
 
     cfg = DemoConfig(per_domain=per_domain, max_new_tokens=max_new_tokens, width=width, depth=depth, threads=threads)
-    rows = run_demo(cfg)
+    try:
+        rows = run_demo(cfg)
+    except user_errors() as err:
+        fail(console, err)
     table = Table(title=f"treewise demo: StaticTree(width={width}, depth={depth}) vs target.generate")
     for name in ("domain", "new", "tau", "tok/s", "plain", "speedup"):
         table.add_column(name, no_wrap=True)

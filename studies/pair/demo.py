@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from decoder import StaticTree, TreeDecoder, TreePolicy
+from decoder import StaticTree, TreeDecoder, TreePolicy, TreewiseError
 from studies.shared.paths import data_dir
 from studies.shared.suites import Prompt, load_suite
 
@@ -75,7 +75,7 @@ def run_demo(cfg: DemoConfig, data: Path | None = None) -> list[DemoRow]:
     data = data or data_dir()
     models = data / "models"
     if not (models / "target" / "config.json").exists():
-        raise FileNotFoundError(f"no model pair under {models}: run `treewise train-pair` or set TREEWISE_DATA")
+        raise TreewiseError(f"no model pair under {models}: run `treewise train-pair` or set TREEWISE_DATA")
     torch.set_num_threads(cfg.threads)
     dec = TreeDecoder.from_pretrained(models / "target", models / "draft", device="cpu")
     tree = StaticTree(width=cfg.width, depth=cfg.depth)

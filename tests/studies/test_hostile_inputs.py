@@ -75,3 +75,36 @@ def test_corrupt_manifest_and_record_name_the_field(tmp_path, text, needle) -> N
     (tmp_path / "r.json").write_text(text)
     with pytest.raises(RunError, match="r.json: unreadable prompt record \\(.*delete it to re-collect"):
         read_record(tmp_path / "r.json")
+
+
+def _pair_app() -> typer.Typer:
+    from studies.pair import cli as pair_cli
+
+    app = typer.Typer()
+    pair_cli.register(app)
+    return app
+
+
+def test_demo_without_a_pair(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("TREEWISE_DATA", str(tmp_path))
+    result = CliRunner().invoke(_pair_app(), ["demo"])
+    assert result.exit_code == 2
+    assert f"no model pair under {tmp_path / 'models'}: run `treewise train-pair`" in _one_line(result.output)
+
+
+def test_pair_report_without_its_work_folder(tmp_path) -> None:
+    result = CliRunner().invoke(_pair_app(), ["pair-report", "--models", str(tmp_path), "--work",
+                                              str(tmp_path / "nowork")])
+    assert result.exit_code == 2
+    flat = "".join(_one_line(result.output).split())
+    assert "nowork/tokens.npzismissing:pass--work" in flat
+
+
+def test_train_pair_on_a_missing_device(tmp_path) -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    result = CliRunner().invoke(_pair_app(), ["train-pair", "--device", "cuda", "--work", str(tmp_path / "w"),
+                                              "--out", str(tmp_path / "o")])
+    assert result.exit_code == 2 and "no CUDA device here; use --device cpu or auto" in _one_line(result.output)
