@@ -93,7 +93,7 @@ class LearnedTree:
         data = data_dir()
         profile = latency
         if profile is None and (data / "latency.json").exists():
-            profile = LatencyProfile.model_validate_json((data / "latency.json").read_text())
+            profile = LatencyProfile.read(data / "latency.json")
         classifier = DomainClassifier.default() if (data / "domain_classifier.npz").exists() else None
         predictor = AcceptancePredictor.load(Path(data / "predictor"))
         return cls(predictor, load_budgets(), profile, classifier, online=online or OnlineConfig())

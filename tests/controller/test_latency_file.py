@@ -3,9 +3,16 @@
 
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
+
 import pytest
 
+from controller import LearnedTree
 from controller.latency import LatencyError, LatencyProfile
+from decoder import TreewiseError
+
+DATA = Path(__file__).resolve().parents[2] / "data"
 
 
 @pytest.mark.parametrize(("content", "needle"), [
@@ -22,3 +29,11 @@ def test_round_trip(tmp_path) -> None:
     path = tmp_path / "latency.json"
     path.write_text(profile.model_dump_json())
     assert LatencyProfile.read(path) == profile
+
+
+def test_learned_default_names_a_garbage_shipped_profile(tmp_path, monkeypatch) -> None:
+    shutil.copytree(DATA / "predictor", tmp_path / "predictor")
+    (tmp_path / "latency.json").write_text("{")
+    monkeypatch.setenv("TREEWISE_DATA", str(tmp_path))
+    with pytest.raises(TreewiseError, match="latency.json: not a latency profile"):
+        LearnedTree.default()
