@@ -31,12 +31,15 @@ class BatchRow(BaseModel):
     tokens_per_s: float  # median over repeats
     tokens_per_s_range: tuple[float, float]
     speedup: float  # median over repeats of plain time / row time, same batch size
+    # Profile fields below come from the repeat with the median time (a disturbed repeat does not skew them).
     tau: float | None  # tokens per target call per row (1 + accepted / steps)
     verified_per_step: float | None
     draft_share: float | None  # shares of the row's step time: draft forwards, target forward, the rest
     verify_share: float | None
     other_share: float | None
-    mismatches: int  # prompts whose output differs from the target's solo greedy decoding
+    step_ms: float  # wall time per batched step (plain: per generated position), median repeat
+    target_ms_per_step: float | None  # the batched target forward of one step (tree rows)
+    mismatches: int  # outputs (prompts x repeats) that differ from the target's solo greedy decoding
 
 
 class BatchBenchResult(BaseModel):
@@ -65,7 +68,7 @@ def run_batch_bench(dec: TreeDecoder, prompts: list[Prompt], sizes: list[int], s
             [p.prompt for p in ps], max_new_tokens, tree=pol, domain=[p.domain for p in ps],
             prompt_ids=[p.id for p in ps]))(build_tree(spec))
     times: dict[tuple[str, int], list[float]] = {}
-    outputs: dict[tuple[str, int], list[GenerationResult]] = {}
+    outputs: dict[tuple[str, int], list[list[GenerationResult]]] = {}  # per repeat
     names = list(batchers)
     for rep in range(repeats):
         for size in sizes:
@@ -78,8 +81,7 @@ def run_batch_bench(dec: TreeDecoder, prompts: list[Prompt], sizes: list[int], s
                     elapsed = time.perf_counter() - t0
                     key = (name, size)
                     times.setdefault(key, [0.0] * repeats)[rep] += elapsed
-                    if rep == 0:
-                        outputs.setdefault(key, []).extend(outs)
+                    outputs.setdefault(key, [[] for _ in range(repeats)])[rep].extend(outs)
                 if on_progress is not None:
                     on_progress()
     rows = [_row(name, size, specs.get(name), times, outputs[(name, size)], prompts, solo)
@@ -91,9 +93,14 @@ def run_batch_bench(dec: TreeDecoder, prompts: list[Prompt], sizes: list[int], s
 
 
 def _row(name: str, size: int, spec: str | None, times: dict[tuple[str, int], list[float]],
-         outs: list[GenerationResult], prompts: list[Prompt], solo: dict[str, list[int]]) -> BatchRow:
-    tokens = sum(len(o.token_ids) for o in outs)
+         repeats_outs: list[list[GenerationResult]], prompts: list[Prompt],
+         solo: dict[str, list[int]]) -> BatchRow:
     mine, plain = times[(name, size)], times[(PLAIN, size)]
+    outs = repeats_outs[sorted(range(len(mine)), key=mine.__getitem__)[len(mine) // 2]]  # the median repeat's
+    tokens = sum(len(o.token_ids) for o in outs)
+    batches = [outs[i : i + size] for i in range(0, len(outs), size)]
+    # A batch takes as many steps as its slowest row (plain: as many positions as its longest row).
+    batch_steps = sum(max(len(o.stats.steps) for o in b) for b in batches)
     rates = [tokens / t for t in mine]
     steps = [s for o in outs for s in o.stats.steps] if name != PLAIN else []
     busy = sum(s.draft_s + s.verify_s + s.other_s for s in steps)
@@ -105,5 +112,7 @@ def _row(name: str, size: int, spec: str | None, times: dict[tuple[str, int], li
         tau=1 + sum(s.accepted for s in steps) / len(steps) if steps else None,
         verified_per_step=sum(s.verified for s in steps) / len(steps) if steps else None,
         draft_share=share("draft_s"), verify_share=share("verify_s"), other_share=share("other_s"),
-        mismatches=sum(o.token_ids != solo[p.id] for o, p in zip(outs, prompts, strict=True)),
+        step_ms=1000 * statistics.median(mine) / batch_steps,
+        target_ms_per_step=1000 * sum(s.verify_s for s in steps) / batch_steps if steps else None,
+        mismatches=sum(o.token_ids != solo[p.id] for rep in repeats_outs for o, p in zip(rep, prompts, strict=True)),
     )

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from rich.console import Console
 from rich.table import Table
 
 from decoder import GenerationStats
 from studies.shared.measure import BenchResult, Metrics
+
+if TYPE_CHECKING:
+    from .batched import BatchBenchResult
 
 
 def _f(x: float | None, fmt: str = "{:.2f}") -> str:
@@ -76,3 +81,21 @@ def step_table(stats: GenerationStats, limit: int = 12) -> Table:
     if stats.n_steps > limit:
         t.add_row("...", *[""] * 7)
     return t
+
+
+def print_batch_bench(result: BatchBenchResult, console: Console) -> None:
+    t = Table(title=f"treewise bench --batch-size: {result.prompts} prompts, {result.max_new_tokens} new tokens, "
+                    f"{result.repeats} repeats; speedup against batched plain decoding at the same batch size")
+    for col in ("batch", "row", "tokens/s (min-max)", "speedup", "tau", "verified/step", "ms/step",
+                "target ms/step", "draft", "target", "other", "mismatches"):
+        t.add_column(col, justify="left" if col == "row" else "right")
+    for r in result.rows:
+        lo, hi = r.tokens_per_s_range
+        mism = f"[red]{r.mismatches}[/red]" if r.mismatches else "0"
+        t.add_row(str(r.batch_size), r.row + (f" [dim]{r.spec}[/dim]" if r.spec else ""),
+                  f"{r.tokens_per_s:.0f} [dim]({lo:.0f}-{hi:.0f})[/dim]", f"{r.speedup:.2f}x", _f(r.tau),
+                  _f(r.verified_per_step, "{:.1f}"), f"{r.step_ms:.1f}", _f(r.target_ms_per_step, "{:.1f}"),
+                  _f(r.draft_share, "{:.0%}"), _f(r.verify_share, "{:.0%}"),
+                  _f(r.other_share, "{:.0%}"), mism)
+    console.print(t)
+    console.print("[dim]draft / target / other: shares of the tree rows' step time (model forwards vs the rest)[/dim]")

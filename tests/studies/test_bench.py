@@ -66,3 +66,28 @@ def test_latency_cli_writes_a_profile(tiny_pair_dir, tmp_path) -> None:
     profile = LatencyProfile.model_validate_json(out.read_text())
     assert profile.sizes[0] == 1 and all(t > 0 for t in profile.target_ms + profile.draft_ms)
     assert profile.target_time(100) >= profile.target_time(64) > 0  # never cheaper past the measured sizes
+
+
+def test_batched_bench_json_contract(tokenizer) -> None:
+    """Every (batch size, row) pair is measured against batched plain decoding; rows match solo greedy."""
+    from conftest import make_model
+
+    from decoder import TreeDecoder
+    from studies.bench.batched import PLAIN, BatchBenchResult, run_batch_bench
+    from studies.shared.suites import Prompt
+
+    dec = TreeDecoder(make_model("llama", 0), make_model("llama", 1, layers=1), tokenizer)
+    prompts = [Prompt(id=f"p{i}", domain="code", prompt=text) for i, text in
+               enumerate(["def f(x):", "hello world", "12 + 7 =", "abc", "tree decoding is"])]
+    result = run_batch_bench(dec, prompts, [1, 2], {"static": "static:width=2,depth=2", "chain": "chain:length=3"},
+                             max_new_tokens=12, repeats=2)
+    again = BatchBenchResult.model_validate_json(result.model_dump_json())
+    assert [(r.batch_size, r.row) for r in again.rows] == [(b, n) for b in (1, 2) for n in (PLAIN, "static", "chain")]
+    for r in again.rows:
+        assert r.mismatches == 0 and r.new_tokens > 0 and r.tokens_per_s > 0 and r.step_ms > 0
+        assert (r.target_ms_per_step is None) == (r.row == PLAIN)
+        if r.row == PLAIN:
+            assert r.speedup == 1.0 and r.tau is None
+        else:
+            assert r.tau is not None and r.tau >= 1
+            assert abs(r.draft_share + r.verify_share + r.other_share - 1) < 1e-6
