@@ -47,6 +47,9 @@ def bench(
     tree: Annotated[list[str] | None,
                     typer.Option(help="extra row NAME=SPEC, e.g. wide=static:width=4,depth=2")] = None,
     no_hf: Annotated[bool, typer.Option("--no-hf", help="skip the HF assisted-generation row")] = False,
+    batch_size: Annotated[list[int] | None, typer.Option(
+        help="batched bench at these batch sizes (repeatable): tree rows via generate_batch against batched "
+             "plain decoding (HF assisted generation has no batches)")] = None,
     target: Annotated[str | None, typer.Option(help="target id or folder (default: embedded pair)")] = None,
     draft: Annotated[str | None, typer.Option(help="draft id or folder")] = None,
     json_out: Annotated[Path | None, typer.Option("--json", help="write the result as JSON")] = None,
@@ -59,6 +62,10 @@ def bench(
     from .rows import run_bench
 
     console = Console()
+    if batch_size:
+        _bench_batched(suite, split, domain, per_domain, max_new_tokens, repeats, tree, batch_size, target, draft,
+                       json_out, console)
+        return
     trees = dict(_B.trees)
     for item in tree or []:
         name, eq, spec = item.partition("=")
@@ -80,6 +87,42 @@ def bench(
     print_bench(result, console)
     if json_out is not None:
         write_text(json_out, json.dumps(result.model_dump(mode="json"), indent=2), console)
+
+
+def _bench_batched(suite: Path, split: str, domain: list[str] | None, per_domain: int, max_new_tokens: int,
+                   repeats: int, tree: list[str] | None, sizes: list[int], target: str | None, draft: str | None,
+                   json_out: Path | None, console: Console) -> None:
+    from decoder import TreewiseError
+    from studies.shared.measure import load_bench_decoder, select_prompts
+
+    from .batched import run_batch_bench
+    from .report import print_batch_bench
+
+    specs = dict(_B.batch_trees)
+    for item in tree or []:
+        name, eq, spec = item.partition("=")
+        if not eq:
+            raise typer.BadParameter(f"--tree {item!r}: use NAME=SPEC")
+        specs[name] = spec
+    if min(sizes) < 1:
+        raise typer.BadParameter(f"--batch-size must be >= 1, got {sorted(sizes)}")
+    try:
+        cfg = BenchConfig(suite=suite, split=split, domains=domain or None, per_domain=per_domain,
+                          max_new_tokens=max_new_tokens, repeats=repeats, target=target, draft=draft)
+        prompts = select_prompts(cfg)
+        dec = load_bench_decoder(cfg)
+        with Progress(console=console, transient=True) as progress:
+            task = progress.add_task("batched benchmark", total=repeats * sum(-(-len(prompts) // b) for b in sizes))
+            result = run_batch_bench(dec, prompts, sorted(set(sizes)), specs, max_new_tokens, repeats,
+                                     on_progress=lambda: progress.advance(task))
+    except TreewiseError as err:
+        console.print(f"[red]error:[/red] {err}")
+        raise typer.Exit(2) from None
+    print_batch_bench(result, console)
+    if json_out is not None:
+        json_out.parent.mkdir(parents=True, exist_ok=True)
+        json_out.write_text(json.dumps(result.model_dump(mode="json"), indent=2))
+        console.print(f"wrote {json_out}")
 
 
 def decode(

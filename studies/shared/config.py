@@ -32,6 +32,9 @@ class BenchConfig(BaseModel):
         "learned": ["learned"],
         "budgeted": ["budgeted"],  # the controller's default: per-domain family and size from data/budgets.json
     })
+    # Rows of the batched bench (--batch-size): row name -> tree spec, each against batched plain decoding.
+    batch_trees: dict[str, str] = Field(default_factory=lambda: {"static": "static:width=2,depth=3",
+                                                                 "learned": "learned"})
     hf_assisted: bool = True
     # HF assisted generation settings, set on the draft's generation_config (5.x leaves them unset).
     hf_num_assistant_tokens: int = 20
