@@ -10,6 +10,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.utils import logging as hf_logging
 
+from .atomic import recover_dir
 from .errors import TreewiseError
 
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
@@ -94,6 +95,8 @@ def _check_local(path: str | Path) -> None:
     Without this, Hugging Face reads a missing folder as a malformed hub id and says so.
     """
     text = str(path)
+    if not Path(text).exists():
+        recover_dir(text)  # an export killed between its two renames (atomic_dir): the previous folder comes back
     if Path(text).exists():
         return
     looks_local = isinstance(path, Path) or text.startswith((".", "/", "~")) or text.count("/") > 1 or "\\" in text

@@ -44,3 +44,13 @@ def test_plain_baseline_obeys_the_context_limit(tokenizer) -> None:
     assert plain.finish_reason == tree.finish_reason == "context"
     assert plain.token_ids == tree.token_ids and len(plain.token_ids) == 40 - len(tokenizer(prompt).input_ids)
     assert dec.generate_plain(prompt, max_new_tokens=4).finish_reason == "length"
+
+
+def test_folder_swapped_out_by_a_killed_export_comes_back(tiny_pair_dir, tmp_path) -> None:
+    """A kill between atomic_dir's two renames leaves only `.NAME.old-*`: loading puts it back."""
+    import shutil
+
+    shutil.copytree(tiny_pair_dir / "target", tmp_path / ".target.old-1234")
+    dec = TreeDecoder.from_pretrained(tmp_path / "target", tiny_pair_dir / "draft")
+    assert (tmp_path / "target" / "config.json").exists() and not (tmp_path / ".target.old-1234").exists()
+    assert dec.generate("hi", max_new_tokens=4).token_ids
