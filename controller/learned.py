@@ -84,7 +84,7 @@ class LearnedTree:
             self._calibrator = OnlineCalibrator(self.online)
 
     @classmethod
-    def default(cls, latency: LatencyProfile | None = None, online: OnlineConfig | None = None) -> LearnedTree:
+    def default(cls, latency: LatencyProfile | None = None, online: bool = True) -> LearnedTree:
         """The shipped predictor, budgets, domain classifier and latency profile under data/."""
         from predictor import AcceptancePredictor
 
@@ -96,7 +96,7 @@ class LearnedTree:
             profile = LatencyProfile.read(data / "latency.json")
         classifier = DomainClassifier.default() if (data / "domain_classifier.npz").exists() else None
         predictor = AcceptancePredictor.load(Path(data / "predictor"))
-        return cls(predictor, load_budgets(), profile, classifier, online=online or OnlineConfig())
+        return cls(predictor, load_budgets(), profile, classifier, online=OnlineConfig() if online else None)
 
     # -- protocol ----------------------------------------------------------------------------------
 

@@ -46,6 +46,8 @@ def bench(
     repeats: Annotated[int, typer.Option(help="interleaved repeats (median and spread)")] = _B.repeats,
     tree: Annotated[list[str] | None,
                     typer.Option(help="extra row NAME=SPEC, e.g. wide=static:width=4,depth=2")] = None,
+    only: Annotated[list[str] | None,
+                    typer.Option(help="run only these tree rows (repeatable; plain always runs)")] = None,
     no_hf: Annotated[bool, typer.Option("--no-hf", help="skip the HF assisted-generation row")] = False,
     batch_size: Annotated[list[int] | None, typer.Option(
         help="batched bench at these batch sizes (repeatable): tree rows via generate_batch against batched "
@@ -72,6 +74,11 @@ def bench(
         if not eq:
             raise typer.BadParameter(f"--tree {item!r}: use NAME=SPEC")
         trees[name] = [spec]
+    if only:
+        unknown = sorted(set(only) - set(trees))
+        if unknown:
+            raise typer.BadParameter(f"--only {unknown}: rows are {sorted(trees)}")
+        trees = {name: specs for name, specs in trees.items() if name in only}
     try:
         cfg = BenchConfig(suite=suite, split=split, domains=domain or None, per_domain=per_domain,
                           max_new_tokens=max_new_tokens, repeats=repeats, trees=trees, hf_assisted=not no_hf,

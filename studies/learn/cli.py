@@ -76,9 +76,13 @@ def train_command(
     seed: int | None = typer.Option(None, "--seed", help=f"Split and LightGBM seed (default: {_PREDICTOR_DEFAULT})."),
     config_file: Path | None = typer.Option(None, "--config", help="PredictorConfig JSON; flags override it."),
     json_out: Path | None = typer.Option(None, "--json", help="Also write the training metrics here."),
+    suite_split: str | None = typer.Option(None, "--suite-split", help="Train only on prompts the suite puts "
+                                           "in this split (train, tune, test), e.g. logs of a run over all."),
+    suite: Path = typer.Option(data_dir() / "prompts", "--suite", help="Suite folder for --suite-split."),
 ) -> None:
     """Train the LightGBM acceptance predictor on node logs (split by prompt, early stopping, calibration)."""
     from predictor.model import train
+    from predictor.sources import SourceError, keep_suite_split, read_suite_sources
 
     from .data import read_runs
     from .report import print_training
@@ -86,8 +90,11 @@ def train_command(
     console = Console()
     config = _config(console, config_file, {"label": label, "calibration": calibration, "seed": seed})
     try:
-        predictor = train(read_runs(logs), config)
-    except _expected() as err:
+        table = read_runs(logs)
+        if suite_split is not None:
+            table = keep_suite_split(table, read_suite_sources(suite), suite_split)
+        predictor = train(table, config)
+    except (*_expected(), SourceError) as err:
         raise _fail(console, str(err)) from None
     predictor.save(out)
     if json_out:
@@ -106,23 +113,50 @@ def evaluate_command(
     compare_labels: bool = typer.Option(False, "--compare-labels", help="Retrain with the other label kind."),
     markdown: Path | None = typer.Option(None, "--markdown", help="Write the tables as markdown here."),
     latency_calls: int = typer.Option(300, "--latency-calls", help="predict_batch calls timed per batch size."),
+    online: bool = typer.Option(True, "--online/--no-online", help="Also score the per-request online "
+                                "correction, replaying each test request in order."),
+    split_by: str | None = typer.Option(None, "--split-by", help="prompt|source|domain: instead of the model's "
+                                        "test prompts, cross-fit on folds of the logs held out by prompt, by source "
+                                        "family or by domain (trains per fold with --config; ignores --model)."),
+    suite: Path = typer.Option(data_dir() / "prompts", "--suite", help="Suite folder (prompt sources, splits)."),
+    folds: int = typer.Option(3, "--folds", help="Folds for --split-by prompt|source (domain: one per domain)."),
+    online_grid: bool = typer.Option(False, "--online-grid", help="With --split-by: also replay a grid of the "
+                                     "correction's prior strengths, scored per suite split."),
+    config_file: Path | None = typer.Option(None, "--config", help="PredictorConfig JSON for --split-by."),
+    suite_split: str | None = typer.Option(None, "--suite-split", help="Only prompts the suite puts in this split "
+                                           "(train, tune, test)."),
 ) -> None:
     """Score a predictor on the test prompts against draft-prob, entropy, table and HF-threshold baselines."""
     from predictor.evaluate import evaluate
     from predictor.model import AcceptancePredictor
+    from predictor.online import OnlineConfig
+    from predictor.sources import SourceError, keep_suite_split, read_suite_sources
 
     from .data import read_runs
+    from .heldout import run_heldout
     from .report import markdown_tables, print_evaluation, write_plots
 
     console = Console()
+    if split_by is not None:
+        if split_by not in ("prompt", "source", "domain"):
+            raise _fail(console, f"--split-by {split_by!r}: use prompt, source or domain")
+        config = _config(console, config_file, {})
+        try:
+            held = run_heldout(logs, split_by, suite, folds, config, ablation, max(ablation_seeds, 1), online_grid)
+        except (*_expected(), SourceError) as err:
+            raise _fail(console, str(err)) from None
+        return _write_heldout(console, held, json_out, markdown)
     try:
         predictor = AcceptancePredictor.load(model)
-        report = evaluate(predictor, read_runs(logs), ablation=ablation, compare_labels=compare_labels,
-                          ablation_seeds=ablation_seeds,
-                          latency_calls=latency_calls).to_dict()
-    except _expected() as err:
+        table = read_runs(logs)
+        if suite_split is not None:
+            table = keep_suite_split(table, read_suite_sources(suite), suite_split)
+        report = evaluate(predictor, table, ablation=ablation, compare_labels=compare_labels,
+                          ablation_seeds=ablation_seeds, latency_calls=latency_calls,
+                          online=OnlineConfig() if online else None).to_dict()
+    except (*_expected(), SourceError) as err:
         raise _fail(console, str(err)) from None
-    report = {"model": str(model), "logs": [str(p) for p in logs]} | report
+    report = {"model": str(model), "logs": [str(p) for p in logs], "suite_split": suite_split} | report
     print_evaluation(console, report)
     if json_out:
         write_text(json_out, json.dumps(report, indent=2) + "\n")
@@ -131,6 +165,16 @@ def evaluate_command(
             console.print(f"wrote {path}")
     if markdown:
         write_text(markdown, markdown_tables(report))
+
+
+def _write_heldout(console: Console, report: dict[str, Any], json_out: Path | None, markdown: Path | None) -> None:
+    from .heldout import heldout_markdown, print_heldout
+
+    print_heldout(console, report)
+    if json_out:
+        write_text(json_out, json.dumps(report, indent=2) + "\n")
+    if markdown:
+        write_text(markdown, heldout_markdown(report))
 
 
 def train_domains(

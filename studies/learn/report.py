@@ -56,10 +56,17 @@ def print_training(console: Console, metrics: dict[str, Any], out: Path) -> None
     ))
 
 
+def _online(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {"predictor+online": report["online"]} if report.get("online") else {}
+
+
 def print_evaluation(console: Console, report: dict[str, Any]) -> None:
-    overall = {"predictor": report} | {f"baseline: {k}": v for k, v in report["baselines"].items()}
+    overall = {"predictor": report} | _online(report) | {f"baseline: {k}": v for k, v in report["baselines"].items()}
     console.print(_metrics_table(f"test prompts: {report['n_prompts']}", "scorer", overall))
     console.print(_metrics_table("predictor per domain", "domain", report["per_domain"]))
+    if report.get("online"):
+        console.print(_metrics_table("predictor + online correction per domain (requests replayed in order)",
+                                     "domain", report["online"]["per_domain"]))
     console.print(_metrics_table("predictor per depth", "depth", report["per_depth"]))
     auc = Table(title="AUC per domain: predictor vs baselines")
     auc.add_column("domain")
@@ -74,6 +81,8 @@ def print_evaluation(console: Console, report: dict[str, Any]) -> None:
         f"AUC gain over draft prob: {_fmt(t['auc_gain_over_draft_prob'])} (target >= 0.03); domains meeting it: "
         f"{len(t['domains_with_auc_gain'])}/{t['domains']}; max domain ECE {_fmt(t['max_domain_ece'])} "
         f"(target <= 0.03), over target: {t['domains_over_ece_target'] or 'none'}"
+        + (f"; with the online correction {_fmt(t.get('max_domain_ece_online'))}, over target: "
+           f"{t.get('domains_over_ece_target_online') or 'none'}" if report.get("online") else "")
     )
     lat = report.get("predict_batch_latency", [])
     if lat:
@@ -121,9 +130,11 @@ def markdown_tables(report: dict[str, Any]) -> str:
         lines += [f"| {name} | " + " | ".join(_fmt(m.get(k)) for k in keys) + " |" for name, m in rows.items()]
         return "\n".join(lines)
 
-    overall = {"predictor": report} | {f"{k}": v for k, v in report["baselines"].items()}
-    parts = [table("scorer", overall, METRIC_KEYS), table("domain", report["per_domain"], METRIC_KEYS),
-             table("depth", report["per_depth"], METRIC_KEYS)]
+    overall = {"predictor": report} | _online(report) | {f"{k}": v for k, v in report["baselines"].items()}
+    parts = [table("scorer", overall, METRIC_KEYS), table("domain", report["per_domain"], METRIC_KEYS)]
+    if report.get("online"):
+        parts.append(table("domain (+online)", report["online"]["per_domain"], METRIC_KEYS))
+    parts.append(table("depth", report["per_depth"], METRIC_KEYS))
     per_dom = {d: {"predictor": m["auc"]} | {b: v["per_domain"][d]["auc"] for b, v in report["baselines"].items()}
                for d, m in report["per_domain"].items()}
     parts.append(table("domain (AUC)", per_dom, ("predictor", *report["baselines"])))

@@ -29,7 +29,8 @@ class BenchConfig(BaseModel):
         "static": ["static:width=2,depth=3", "static:width=3,depth=2", "static:branching=4-2-1-1"],
         "confidence": ["confidence:budget=16,max_depth=5,top_k=4"],
         "dynamic_chain": ["dynamic_chain"],
-        "learned": ["learned"],
+        "learned": ["learned"],  # with the per-request online correction (the default)
+        "learned_no_online": ["learned:online=false"],  # the same without it
         "budgeted": ["budgeted"],  # the controller's default: per-domain family and size from data/budgets.json
     })
     # Rows of the batched bench (--batch-size): row name -> tree spec, each against batched plain decoding.
