@@ -20,8 +20,8 @@ DEFAULT_MODEL_DIR = Path("data/predictor")
 # Node-log columns that identify a row rather than describe it: never features.
 ID_COLUMNS: tuple[str, ...] = ("run_id", "prompt_id", "step", "node_id", "parent_id", "token_id")
 
-# prompt_len is left out: templates of one source share a prompt length, so it memorises sources (on
-# the source-held-out split, adding it back costs AUC and log-loss; docs/predictor.md).
+# prompt_len is left out: templates of one source share a prompt length, so it can only identify sources
+# (on the source-held-out split, adding it back made no measurable difference; docs/predictor.md).
 DEFAULT_FEATURES: tuple[str, ...] = (
     "domain",
     "depth",
