@@ -14,11 +14,12 @@ from .domains import (
 from .latency import LatencyProfile, load_or_measure, measure_latency
 from .learned import AcceptanceModel, LearnedTree
 from .policies import ConfidenceTree, DynamicChain, refit_threshold
+from .rerank import LearnedRerank
 
 __all__ = [
     "AcceptanceModel", "BudgetError", "BudgetedTree", "BudgetsFile", "ConfidenceTree", "DomainBudget",
     "DomainClassifier", "DomainClassifierConfig", "DomainClassifierError", "DomainReport", "DomainTraining",
-    "DynamicChain", "LatencyProfile", "LearnedTree", "Provenance", "load_budgets", "load_or_measure",
+    "DynamicChain", "LatencyProfile", "LearnedRerank", "LearnedTree", "Provenance", "load_budgets", "load_or_measure",
     "measure_latency", "policy_from_budget", "refit_threshold", "save_budgets", "static_from_budget",
     "train_domain_classifier",
 ]

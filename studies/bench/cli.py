@@ -18,6 +18,8 @@ from studies.shared.commands import write_text
 from studies.shared.config import BenchConfig
 from studies.shared.paths import data_dir, default_pair
 
+from .sweep_cli import sweep
+
 if TYPE_CHECKING:
     from decoder import DecodeConfig
 
@@ -211,3 +213,4 @@ def register(app: typer.Typer) -> None:
     app.command()(bench)
     app.command()(decode)
     app.command()(latency)
+    app.command()(sweep)
