@@ -9,6 +9,7 @@ import torch
 from decoder import Candidates, Frontier, LevelPlan, RequestInfo, StaticTree, StepOutcome, TreePolicy
 
 from .budgets import BudgetsFile, DomainBudget, load_budgets
+from .guard import PayoffGuard
 from .latency import LatencyProfile
 from .learned import AcceptanceModel, DomainResolver, LearnedTree
 from .policies import ConfidenceTree
@@ -49,14 +50,16 @@ class BudgetedTree:
     predictor: AcceptanceModel | None = None
     latency: LatencyProfile | None = None
     classifier: DomainResolver | None = None
+    guard: PayoffGuard | None = None  # decode plain steps where drafting measurably does not pay
     domain: str = field(default="unknown", init=False)
     _active: TreePolicy = field(default_factory=lambda: StaticTree(), init=False, repr=False)
 
     @classmethod
     def default(cls) -> BudgetedTree:
         """Shipped budgets (data/budgets.json), predictor, latency profile and domain classifier."""
-        learned = LearnedTree.default()
-        return cls(load_budgets(), learned.predictor, learned.latency, learned.classifier)
+        learned = LearnedTree.default(guard=False)
+        guard = PayoffGuard(learned.latency.target_time(1)) if learned.latency is not None else None
+        return cls(load_budgets(), learned.predictor, learned.latency, learned.classifier, guard)
 
     def start(self, request: RequestInfo) -> None:
         domain = request.domain
@@ -65,12 +68,19 @@ class BudgetedTree:
         self.domain = domain
         self._active = policy_from_budget(self.budgets.for_domain(domain), self.predictor, self.latency)
         self._active.start(request)
+        if self.guard is not None:
+            self.guard.start()
 
     def plan(self, frontier: Frontier) -> LevelPlan:
-        return self._active.plan(frontier)
+        plan = self._active.plan(frontier)
+        if frontier.depth == 0 and self.guard is not None and not self.guard.allow():
+            return LevelPlan.uniform(1, 0)
+        return plan
 
     def finalize(self, candidates: Candidates) -> torch.Tensor | None:
         return self._active.finalize(candidates)
 
     def observe(self, outcome: StepOutcome) -> None:
         self._active.observe(outcome)
+        if self.guard is not None:
+            self.guard.observe(outcome.verified, outcome.accepted)

@@ -7,7 +7,9 @@ clears the budget's threshold and, given the latency profile, pays for its verif
 children's predictions are spread keeps more of them (widening) and a peaked one keeps one. A level is
 drafted only when its expected gain covers one more draft forward; at the root, when the predicted
 value of the best root child (a running mean over recent steps) is too low to pay for drafting, the step is
-a plain target step (with a probe every ``probe_every`` steps).
+a plain target step (with a probe every ``probe_every`` steps). ``guard`` (``controller.guard``, on in
+``default()``) does the same from what the request has *measured*: step times and tokens per step against
+the plain step time.
 
 Online calibration (``online``, on by default): the predictor's outputs pass through a per-request
 Platt-style correction (``predictor.online``) refitted after every step to what the step revealed, the
@@ -31,6 +33,7 @@ from predictor.derived import RequestFeatures
 from predictor.online import OnlineCalibrator, OnlineConfig, infer_step_labels
 
 from .budgets import BudgetsFile, DomainBudget, load_budgets
+from .guard import PayoffGuard
 from .latency import LatencyProfile
 
 PRIOR_ACCEPTANCE = 0.5  # assumed before a request has verified anything
@@ -68,6 +71,7 @@ class LearnedTree:
     classifier: DomainResolver | None = None  # resolves domain="auto"
     probe_every: int = 8  # a request that stopped drafting still drafts every N steps to notice a change
     online: OnlineConfig | None = field(default_factory=OnlineConfig)  # None: no per-request correction
+    guard: PayoffGuard | None = None  # None: no measured never-slower-than-plain rule
     domain: str = field(default="unknown", init=False)
     budget: DomainBudget = field(default_factory=DomainBudget, init=False)
     _values: list[np.ndarray] = field(default_factory=list, init=False, repr=False)
@@ -78,14 +82,16 @@ class LearnedTree:
     _context: RequestFeatures = field(default_factory=RequestFeatures, init=False, repr=False)
     _calibrator: OnlineCalibrator = field(default_factory=OnlineCalibrator, init=False, repr=False)
     _step: list[_Level] = field(default_factory=list, init=False, repr=False)  # this step's levels so far
+    _domain_code: float = field(default=float("nan"), init=False, repr=False)  # the predictor's code of this domain
 
     def __post_init__(self) -> None:
         if self.online is not None:
             self._calibrator = OnlineCalibrator(self.online)
 
     @classmethod
-    def default(cls, latency: LatencyProfile | None = None, online: bool = True) -> LearnedTree:
-        """The shipped predictor, budgets, domain classifier and latency profile under data/."""
+    def default(cls, latency: LatencyProfile | None = None, online: bool = True, guard: bool = True) -> LearnedTree:
+        """The shipped predictor, budgets, domain classifier and latency profile under data/; with the latency
+        profile, a ``PayoffGuard`` unless ``guard=False``."""
         from predictor import AcceptancePredictor
 
         from .domains import DomainClassifier
@@ -96,7 +102,8 @@ class LearnedTree:
             profile = LatencyProfile.read(data / "latency.json")
         classifier = DomainClassifier.default() if (data / "domain_classifier.npz").exists() else None
         predictor = AcceptancePredictor.load(Path(data / "predictor"))
-        return cls(predictor, load_budgets(), profile, classifier, online=OnlineConfig() if online else None)
+        return cls(predictor, load_budgets(), profile, classifier, online=OnlineConfig() if online else None,
+                   guard=PayoffGuard(profile.target_time(1)) if guard and profile is not None else None)
 
     # -- protocol ----------------------------------------------------------------------------------
 
@@ -107,10 +114,15 @@ class LearnedTree:
         budget = self.budgets.for_domain(domain)
         # A domain tuned to another family (static, confidence) says nothing about learned sizes: use the default.
         self.domain, self.budget = domain, budget if budget.policy == "learned" else self.budgets.default
+        code = getattr(self.predictor, "category_code", None)
+        known = code("domain", domain) if code is not None else -1
+        self._domain_code = float(known) if known >= 0 else float("nan")  # unseen: a missing value, as in training
         self._root_value = None
         self._context.start()
         self._calibrator.reset()
         self._step = []
+        if self.guard is not None:
+            self.guard.start()
 
     def plan(self, frontier: Frontier) -> LevelPlan:
         if frontier.depth == 0:
@@ -127,6 +139,8 @@ class LearnedTree:
 
     def observe(self, outcome: StepOutcome) -> None:
         self._context.observe(outcome.accepted, outcome.tried)
+        if self.guard is not None:
+            self.guard.observe(outcome.verified, outcome.accepted)
         if self.online is not None and outcome.verified > 0:
             self._update_correction(outcome)
 
@@ -165,11 +179,14 @@ class LearnedTree:
         probe = frontier.step % self.probe_every == 0
         verify_ms = self.latency.target_time(2) - self.latency.target_time(1) if self.latency else 0.0
         worth = est >= self._cost(self._draft_ms + verify_ms)
-        return LevelPlan.uniform(1, self.budget.max_width if (worth or probe) else 0)
+        allowed = self.guard.allow() if self.guard is not None else True
+        return LevelPlan.uniform(1, self.budget.max_width if (worth or probe) and allowed else 0)
 
     def _values_of(self, frontier: Frontier) -> np.ndarray:
-        feats = frontier.features()
-        feats["domain"] = np.full(frontier.size, self.domain, dtype=object)
+        feats = frontier.numeric_features()  # categoricals as integer codes: no object arrays per level
+        code = getattr(self.predictor, "category_code", None)  # AcceptancePredictor takes the domain's code
+        feats["domain"] = (np.full(frontier.size, self._domain_code, dtype=np.float64) if code is not None
+                           else np.full(frontier.size, self.domain, dtype=object))
         parents = frontier.parent.numpy()
         self._context.add(feats, parents)
         raw = np.asarray(self.predictor.predict_batch({n: feats[n] for n in self.predictor.feature_names}),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import numpy as np
 import torch
@@ -19,6 +20,7 @@ class ConfidenceTree:
     budget: int = 32
     max_depth: int = 6
     top_k: int = 4
+    reads_draft_entropy: ClassVar[bool] = False  # the drafter may skip computing it
 
     def __post_init__(self) -> None:
         if self.budget < 1 or self.max_depth < 1 or self.top_k < 1:
@@ -52,6 +54,7 @@ class DynamicChain:
     max_length: int = 20  # HF's num_assistant_tokens
     threshold: float = 0.4  # HF's assistant_confidence_threshold
     refit: bool = True
+    reads_draft_entropy: ClassVar[bool] = False
     _thr: float = field(default=0.4, init=False, repr=False)
     _probs: list[float] = field(default_factory=list, init=False, repr=False)
     _matches: list[int] = field(default_factory=list, init=False, repr=False)

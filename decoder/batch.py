@@ -73,7 +73,7 @@ def decode_batch(dec: StepCore, requests: list[_Request], runs: list[_Run]) -> l
 def _step(dec: StepCore, active: list[_Row], target: BatchCache, draft: BatchCache) -> None:
     t0 = time.perf_counter()
     timing = _Timing()
-    ctxs = [dec._context(row.req, len(row.stats.steps), row.run.domain) for row in active]
+    ctxs = [dec._context(row.req, len(row.stats.steps), row.run) for row in active]
     drafts = _draft_all(dec, active, ctxs, draft, timing)
     feeds: list[Feed | None] = [dec._tree_feed(row.req, dr.tree, target.committed_len(i))
                                 for i, (row, dr) in enumerate(zip(active, drafts, strict=True))]

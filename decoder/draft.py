@@ -23,9 +23,10 @@ class DraftResult:
     candidates: Candidates
     draft_probs: dict[int, torch.Tensor]  # tree index -> draft distribution at that node (expanded only)
     fed_slot: torch.Tensor  # [n] draft-cache slot (after the committed prefix) of each tree node, -1 if unfed
-    forward_s: float  # time in draft forwards
+    forward_s: float  # time in draft forwards, their masks included
     policy_s: float  # time in the policy's plan calls
     forwards: int
+    model_s: float = 0.0  # the part of forward_s inside the stock model calls
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,7 @@ class DraftContext:
     running_accept_rate: float = float("nan")
     prev_accepted: int = -1
     token_types: np.ndarray | None = None  # [V] token-type index per id, for the policy's features
+    entropy: bool = True  # compute draft entropies (read by learned policies and node logs only)
 
 
 @dataclass(frozen=True)
@@ -54,25 +56,34 @@ class _Expanded:
     prob: torch.Tensor  # [e] the expanded node's own draft probability
 
 
-def _children(exp: _Expanded, mode: DraftMode, gen: torch.Generator | None) -> dict[str, torch.Tensor]:
-    """Children of each expanded node: top-k (or i.i.d. samples), ``counts[i]`` for row i."""
+def _children(exp: _Expanded, mode: DraftMode, gen: torch.Generator | None, entropy: bool) -> dict[str, torch.Tensor]:
+    """Children of each expanded node: top-k (or i.i.d. samples), ``counts[i]`` for row i.
+
+    ``entropy=False`` leaves ``draft_entropy`` NaN: a full pass over the vocabulary that only learned
+    policies and node logs read.
+    """
     probs, counts = exp.probs, exp.counts
-    kmax = int(counts.max())
+    e, kmax = probs.shape[0], int(counts.max())
+    top = torch.topk(probs, min(max(kmax, 2), probs.shape[-1]), dim=-1)  # children (top-k mode) and the margin
     if mode == "sampled":
         tok = torch.multinomial(probs, kmax, replacement=True, generator=gen)  # [e, kmax]
+        p = torch.gather(probs, 1, tok)
     else:
-        tok = torch.topk(probs, kmax, dim=-1).indices
-    p = torch.gather(probs, 1, tok)  # [e, kmax]
-    top2 = torch.topk(probs, min(2, probs.shape[-1]), dim=-1).values
-    margin = top2[:, 0] - (top2[:, 1] if top2.shape[1] > 1 else 0)
-    entropy = -(probs * torch.log(probs.clamp_min(1e-30))).sum(-1)
-    valid = torch.arange(kmax)[None, :] < counts[:, None]  # [e, kmax]
-    rows = torch.arange(probs.shape[0])[:, None].expand(-1, kmax)[valid]
-    lp = torch.log(p[valid].clamp_min(1e-30))
+        tok, p = top.indices[:, :kmax], top.values[:, :kmax]
+    margin = top.values[:, 0] - (top.values[:, 1] if top.values.shape[1] > 1 else 0)
+    ent = -torch.special.xlogy(probs, probs).sum(-1) if entropy else torch.full((e,), float("nan"))
+    if bool((counts == kmax).all()):  # the usual case: no mask needed
+        rows, rank = torch.arange(e).repeat_interleave(kmax), torch.arange(kmax).repeat(e)
+        tok, p = tok.reshape(-1), p.reshape(-1)
+    else:
+        valid = torch.arange(kmax)[None, :] < counts[:, None]  # [e, kmax]
+        rows = torch.arange(e)[:, None].expand(-1, kmax)[valid]
+        rank = torch.arange(kmax)[None, :].expand(e, -1)[valid]
+        tok, p = tok[valid], p[valid]
+    lp = torch.log(p.clamp_min(1e-30))
     return {
-        "tokens": tok[valid], "parent": exp.cand_idx[rows], "row": rows,
-        "sibling_rank": torch.arange(kmax)[None, :].expand(probs.shape[0], -1)[valid],
-        "draft_logprob": lp, "draft_entropy": entropy[rows], "draft_margin": margin[rows],
+        "tokens": tok, "parent": exp.cand_idx[rows], "row": rows, "sibling_rank": rank,
+        "draft_logprob": lp, "draft_entropy": ent[rows], "draft_margin": margin[rows],
         "path_logprob": exp.path_lp[rows] + lp, "parent_draft_prob": exp.prob[rows],
     }
 
@@ -151,7 +162,7 @@ class Drafter:
 
     def _level(self, exp: _Expanded, depth: int) -> Generator[Feed, torch.Tensor, _Expanded | None]:
         """Draft the children of ``exp``, let the policy prune them, and expand the chosen ones."""
-        level = _children(exp, self.mode, self.gen)
+        level = _children(exp, self.mode, self.gen, self.ctx.entropy)
         plan = self._plan(self._frontier(depth, level))
         keep = plan.keep.bool()
         m = keep.numel()
@@ -196,14 +207,14 @@ class Drafter:
         t0 = time.perf_counter()
         final = self.policy.finalize(cands) if self.levels else None
         self.policy_s += time.perf_counter() - t0
-        if final is not None:
+        if final is not None:  # plan() only expands kept nodes: only a final selection can orphan one
             keep = keep & final.bool()
-        for d in range(1, len(self.levels) + 1):  # parents come first: one pass per depth closes the tree
-            at = cands.depth == d
-            has_parent = cands.parent >= 0
-            ok = torch.ones_like(keep)
-            ok[has_parent] = keep[cands.parent[has_parent]]
-            keep = torch.where(at, keep & ok, keep)
+            for d in range(2, len(self.levels) + 1):  # parents come first: one pass per depth closes the tree
+                at = cands.depth == d
+                has_parent = cands.parent >= 0
+                ok = torch.ones_like(keep)
+                ok[has_parent] = keep[cands.parent[has_parent]]
+                keep = torch.where(at, keep & ok, keep)
         tree_index = torch.full((cands.size,), -1)
         tree_index[keep] = torch.arange(1, int(keep.sum()) + 1)
         parent_tree = torch.zeros(cands.size, dtype=torch.long)
@@ -236,7 +247,7 @@ def draft_tree(model: PreTrainedModel, cache: DynamicCache, seq: torch.Tensor, p
             logits = solo.forward(model, feed)
             forward_s += time.perf_counter() - t0
     except StopIteration as done:
-        return replace(done.value, forward_s=forward_s)
+        return replace(done.value, forward_s=forward_s, model_s=solo.model_s)
 
 
 def _fit_vocab(logits: torch.Tensor, vocab: int) -> torch.Tensor:

@@ -16,7 +16,7 @@ from .errors import TreewiseError
 from .loading import load_pair
 from .nodelog import NodeLogWriter
 from .policy import RequestInfo, StaticTree, TreePolicy
-from .results import FinishReason, GenerationResult, GenerationStats, StepStats
+from .results import FinishReason, GenerationResult, GenerationStats, StageTimes, StepStats
 from .step import StepCore, _Request, _Run
 from .verify import DraftMode, Sampling, VerifyInput
 
@@ -105,24 +105,37 @@ class TreeDecoder(StepCore):
         stats = GenerationStats()
         start = time.perf_counter()
         while req.finish is None:
-            t0 = time.perf_counter()
-            ctx = self._context(req, len(stats.steps), run.domain)
-            dr = draft_tree(self.draft, req.draft_cache, req.seq, run.policy, ctx, run.sampling, run.draft_mode,
-                            self.vocab, run.generator, self.draft_layout)
-            logits, verify_s = self._target_forward(req, dr.tree)
-            acc = self.verifier(VerifyInput(dr.tree, logits, run.sampling, run.draft_mode, dr.draft_probs,
-                                            run.generator))
-            emitted, rows = self._settle(req, run, ctx, dr, logits, acc)
-            if rows is not None:
-                run.log.add_step(rows)
-            self._commit(req, dr, acc, emitted)
-            other = time.perf_counter() - t0 - dr.forward_s - verify_s
-            stats.steps.append(StepStats(dr.candidates.size, dr.tree.size - 1, acc.accepted, len(emitted),
-                                         dr.forwards, dr.forward_s, verify_s, other, dr.policy_s))
+            stats.steps.append(self._step(req, run, len(stats.steps)))
         stats.total_s = time.perf_counter() - start
         if run.log is not None:
             run.log.end_request()
         return stats
+
+    def _step(self, req: _Request, run: _Run, step: int) -> StepStats:
+        """One step: draft -> verify -> accept -> cache update, timed by stage."""
+        t0 = time.perf_counter()
+        ctx = self._context(req, step, run)
+        dr = draft_tree(self.draft, req.draft_cache, req.seq, run.policy, ctx, run.sampling, run.draft_mode,
+                        self.vocab, run.generator, self.draft_layout)
+        t1 = time.perf_counter()
+        fwd = self._target_forward(req, dr.tree)
+        t2 = time.perf_counter()
+        acc = self.verifier(VerifyInput(dr.tree, fwd.logits, run.sampling, run.draft_mode, dr.draft_probs,
+                                        run.generator))
+        t3 = time.perf_counter()
+        emitted, rows = self._settle(req, run, ctx, dr, fwd.logits, acc)
+        if rows is not None:
+            run.log.add_step(rows)  # type: ignore[union-attr]
+        t4 = time.perf_counter()
+        self._commit(req, dr, acc, emitted)
+        t5 = time.perf_counter()
+        stages = StageTimes(draft_model=dr.model_s, target_model=fwd.model_s,
+                            masks=dr.forward_s - dr.model_s + fwd.seconds - fwd.model_s,
+                            drafting=t1 - t0 - dr.forward_s - dr.policy_s, policy=dr.policy_s, verify=t3 - t2,
+                            settle=t4 - t3, commit=t5 - t4, total=t5 - t0)
+        models = dr.model_s + fwd.model_s
+        return StepStats(dr.candidates.size, dr.tree.size - 1, acc.accepted, len(emitted), dr.forwards, dr.model_s,
+                         fwd.model_s, t5 - t0 - models, dr.policy_s, stages)
 
     @torch.inference_mode()
     def generate_plain(self, prompt: str | list[int], max_new_tokens: int = DEFAULTS.max_new_tokens,

@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import torch
@@ -67,6 +68,7 @@ class SoloCache:
         self.cache, self.layout, self.dtype = cache, layout, dtype
         self.committed = cache.get_seq_length() if committed is None else committed  # the rest is pending
         self.pending_pos: torch.Tensor | None = None  # [p] positions of the pending slots
+        self.model_s = 0.0  # time inside the stock model calls (masks excluded)
 
     def forward(self, model: PreTrainedModel, feed: Feed) -> torch.Tensor:
         """Logits [t, V] of the new tokens (the last ``keep`` of them); the tokens join the cache."""
@@ -74,8 +76,12 @@ class SoloCache:
         pending = self.pending_pos if self.pending_pos is not None else feed.positions[:0]
         mask = self.layout.mask(feed.visible.to(device), self.committed, torch.cat([pending, feed.positions]),
                                 self.dtype)
+        t0 = time.perf_counter()
         out = model(input_ids=feed.tokens[None], position_ids=feed.positions[None], attention_mask=mask,
                     cache=self.cache, use_cache=True, logits_to_keep=feed.keep)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        self.model_s += time.perf_counter() - t0
         self.committed += feed.commit
         self.pending_pos = torch.cat([pending, feed.positions[feed.commit:]])
         return out.logits[0]

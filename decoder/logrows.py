@@ -25,22 +25,25 @@ class RowMeta:
     temperature: float
 
 
-def step_rows(cand: Candidates, acc: Acceptance, target_argmax: torch.Tensor, token_types: np.ndarray,
+def step_rows(cand: Candidates, acc: Acceptance, target_logits: torch.Tensor, token_types: np.ndarray,
               meta: RowMeta) -> dict[str, np.ndarray]:
-    """One row per drafted candidate; ``target_argmax`` is [n] over tree nodes."""
+    """One row per drafted candidate; ``target_logits`` is [n, V] over tree nodes."""
     m = cand.size
+    target_argmax = target_logits.argmax(-1)  # [n]
+    # Greedy verification skips the softmax; the log's target_prob is the untempered distribution then.
+    probs = acc.target_probs if acc.target_probs is not None else torch.softmax(target_logits.float(), dim=-1)
     parent_tree = torch.zeros(m, dtype=torch.long)
     has_parent = cand.parent >= 0
     parent_tree[has_parent] = cand.tree_index[cand.parent[has_parent]]
     tokens = cand.tokens
-    on_path = torch.zeros(acc.target_probs.shape[0], dtype=torch.bool)
+    on_path = torch.zeros(probs.shape[0], dtype=torch.bool)
     on_path[acc.path] = True
     kept = cand.tree_index >= 0
     path_hit = torch.zeros(m, dtype=torch.bool)
     path_hit[kept] = on_path[cand.tree_index[kept]]
     accept_prob = torch.full((m,), float("nan"))
     accept_prob[kept] = acc.accept_prob[cand.tree_index[kept]].float()
-    target_prob = acc.target_probs[parent_tree.to(acc.target_probs.device), tokens.to(acc.target_probs.device)]
+    target_prob = probs[parent_tree.to(probs.device), tokens.to(probs.device)]
     tok_np = tokens.numpy()
     type_names = np.asarray(TOKEN_TYPES, dtype=object)
     token_type = type_names[token_types[tok_np]] if m else np.zeros(0, dtype=object)

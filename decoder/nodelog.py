@@ -66,7 +66,7 @@ LABEL_COLUMNS: dict[str, pa.DataType] = {
 }
 
 # Each column's numpy type (strings are object arrays): what feature_columns casts to.
-_NUMPY_TYPES: dict[str, type] = {
+NUMPY_TYPES: dict[str, type] = {
     name: dtype.to_pandas_dtype() for name, dtype in {**FEATURE_COLUMNS, **LABEL_COLUMNS}.items()
 }
 
@@ -82,8 +82,8 @@ def feature_columns(m: int, values: Mapping[str, object]) -> dict[str, np.ndarra
     The one place node features get their types: ``Frontier.features()`` (what a policy's predictor sees
     before verification) and the node-log rows (``logrows.step_rows``) are both built here.
     """
-    return {name: np.asarray(value).astype(_NUMPY_TYPES[name], copy=False) if np.ndim(value)
-            else np.full(m, value, dtype=_NUMPY_TYPES[name]) for name, value in values.items()}
+    return {name: np.asarray(value).astype(NUMPY_TYPES[name], copy=False) if np.ndim(value)
+            else np.full(m, value, dtype=NUMPY_TYPES[name]) for name, value in values.items()}
 
 
 class NodeLogError(TreewiseError):

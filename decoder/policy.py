@@ -9,15 +9,16 @@ candidates enter the tree and how many children each kept one drafts next (0 = l
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import ClassVar, Protocol, runtime_checkable
 
 import numpy as np
 import torch
 
 from .errors import TreewiseError
-from .nodelog import TOKEN_TYPES, feature_columns
+from .nodelog import NUMPY_TYPES, TOKEN_TYPES, feature_columns
 
 _TYPE_NAMES = np.asarray(TOKEN_TYPES, dtype=object)
+_SPECIAL = TOKEN_TYPES.index("special")
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,25 @@ class Frontier:
         return candidate_features(self, np.full(m, self.depth), types, domain=self.domain, position=self.position,
                                   prompt_len=self.prompt_len, running_accept_rate=self.running_accept_rate,
                                   prev_accepted=self.prev_accepted, temperature=self.temperature)
+
+    def numeric_features(self) -> dict[str, np.ndarray]:
+        """``features()`` without object arrays, for a predictor's hot path: ``token_type`` as integer codes
+        into ``TOKEN_TYPES`` and no ``domain`` (the caller adds its own code). Scalars are broadcast views."""
+        m = self.size
+        tokens = self.tokens.numpy()
+        types = (self.token_type_table[tokens] if self.token_type_table is not None
+                 else np.full(m, _SPECIAL, dtype=np.int64))
+
+        scalars = {"depth": self.depth, "position": self.position + self.depth - 1, "prompt_len": self.prompt_len,
+                   "running_accept_rate": self.running_accept_rate, "prev_accepted": self.prev_accepted,
+                   "temperature": self.temperature}
+        # Scalars in the node log's types (training saw float32 rates), broadcast without copies.
+        return {name: np.broadcast_to(np.asarray(v, dtype=NUMPY_TYPES[name]), (m,)) for name, v in scalars.items()} | {
+            "sibling_rank": self.sibling_rank.numpy(), "token_id": tokens, "token_type": types,
+            "draft_logprob": self.draft_logprob.numpy(), "draft_entropy": self.draft_entropy.numpy(),
+            "draft_margin": self.draft_margin.numpy(), "path_logprob": self.path_logprob.numpy(),
+            "parent_draft_prob": self.parent_draft_prob.numpy(),
+        }
 
 
 @dataclass(frozen=True)
@@ -166,6 +186,7 @@ class StaticTree:
     width: int = 2
     depth: int = 3
     branching: tuple[int, ...] | None = None
+    reads_draft_entropy: ClassVar[bool] = False  # the drafter may skip computing it
 
     def __post_init__(self) -> None:
         if self.branching is not None:

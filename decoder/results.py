@@ -9,16 +9,39 @@ FinishReason = Literal["eos", "length", "context"]
 
 
 @dataclass(frozen=True)
+class StageTimes:
+    """Where one solo step's time went, in seconds; the model entries exclude building their masks."""
+
+    draft_model: float = 0.0  # draft forwards (the stock model call)
+    target_model: float = 0.0  # the target forward (the stock model call)
+    masks: float = 0.0  # 4-D masks, position ids and feeds of both models
+    drafting: float = 0.0  # children top-k, entropies, frontiers and the tree built from them
+    policy: float = 0.0  # the policy's plan and finalize calls, its predictor included
+    verify: float = 0.0  # the acceptance rule
+    settle: float = 0.0  # emitting tokens, node-log rows, telling the policy
+    commit: float = 0.0  # cache compaction and the sequence update
+    total: float = 0.0  # the whole step
+
+    @property
+    def other(self) -> float:
+        """Loop bookkeeping not in any stage above."""
+        named = (self.draft_model + self.target_model + self.masks + self.drafting + self.policy + self.verify
+                 + self.settle + self.commit)
+        return max(0.0, self.total - named)
+
+
+@dataclass(frozen=True)
 class StepStats:
     drafted: int  # candidates the draft proposed (pruned ones included)
     verified: int  # tree nodes sent to the target, root excluded
     accepted: int  # draft tokens accepted (the bonus token not counted)
     emitted: int  # tokens added to the output (accepted + bonus, cut at EOS / max_new_tokens)
     draft_forwards: int
-    draft_s: float  # time in draft forwards
-    verify_s: float  # time in the target forward
+    draft_s: float  # time in draft forwards (solo: the model calls alone)
+    verify_s: float  # time in the target forward (solo: the model call alone)
     other_s: float  # everything else: policy, masks, verification, cache compaction, logging
     policy_s: float = 0.0  # the part of other_s spent in the tree policy (predictor included)
+    stages: StageTimes | None = None  # the step split by stage (solo decoding)
 
 
 @dataclass

@@ -49,6 +49,13 @@ class _Request:
 
 
 @dataclass(frozen=True)
+class TargetForward:
+    logits: torch.Tensor  # [n, V] at the tree's nodes
+    seconds: float  # feed, mask and forward
+    model_s: float  # the stock model call alone
+
+
+@dataclass(frozen=True)
 class _Run:
     """Per-request settings of the loop."""
 
@@ -93,7 +100,7 @@ class StepCore:
         if run.log is not None:
             meta = RowMeta(run.run_id, run.prompt_id, run.domain, ctx.step, ctx.position, req.prompt_len,
                            ctx.running_accept_rate, ctx.prev_accepted, run.sampling.temperature)
-            rows = step_rows(dr.candidates, acc, logits.argmax(-1), self._token_types, meta)
+            rows = step_rows(dr.candidates, acc, logits, self._token_types, meta)
         if run.stream is not None:
             run.stream(emitted)
         tried = int(torch.isin(dr.tree.parents[1:], torch.tensor(acc.path)).sum())
@@ -101,20 +108,21 @@ class StepCore:
         req.tried, req.accepted, req.prev_accepted = req.tried + tried, req.accepted + acc.accepted, acc.accepted
         return emitted, rows
 
-    def _context(self, req: _Request, step: int, domain: str) -> DraftContext:
+    def _context(self, req: _Request, step: int, run: _Run) -> DraftContext:
         room = self.context - req.seq.numel() - 1  # positions left after the bonus token
         max_depth = max(0, min(req.max_new_tokens - len(req.generated) - 1, room))
-        return DraftContext(step, len(req.generated), req.prompt_len, domain, max_depth,
-                            req.running_accept_rate, req.prev_accepted, self._token_types)
+        # Draft entropies cost a pass over the vocabulary: only for node logs and policies that read them.
+        entropy = run.log is not None or getattr(run.policy, "reads_draft_entropy", True)
+        return DraftContext(step, len(req.generated), req.prompt_len, run.domain, max_depth,
+                            req.running_accept_rate, req.prev_accepted, self._token_types, entropy)
 
-    def _target_forward(self, req: _Request, tree: DraftTree) -> tuple[torch.Tensor, float]:
+    def _target_forward(self, req: _Request, tree: DraftTree) -> TargetForward:
         """One stock forward over the uncached committed tokens plus the tree; logits [n, V] at tree nodes."""
         t0 = time.perf_counter()
         feed = self._tree_feed(req, tree, req.target_cache.get_seq_length())
-        logits = self._target_cache(req).forward(self.target, feed).float()
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        return logits, time.perf_counter() - t0
+        cache = self._target_cache(req)
+        logits = cache.forward(self.target, feed).float()
+        return TargetForward(logits, time.perf_counter() - t0, cache.model_s)
 
     def _tree_feed(self, req: _Request, tree: DraftTree, cached: int) -> Feed:
         """The committed tokens not yet in the target cache (a causal chain), then the tree under its mask."""

@@ -75,7 +75,7 @@ class VerifyInput:
 class Acceptance:
     path: list[int]  # tree node indices from the root (0) to the last accepted node
     bonus: int  # the target's own token after the path
-    target_probs: torch.Tensor  # [n, V] the target distribution at each node (warped when sampling)
+    target_probs: torch.Tensor | None  # [n, V] the (warped) target distribution at each node; None when greedy
     accept_prob: torch.Tensor  # [n] probability each node was accepted with when tried; NaN if never tried
 
     @property
@@ -108,13 +108,9 @@ def verify_greedy(inp: VerifyInput) -> Acceptance:
     accepted = ~(anc & ~correct[None, :]).any(dim=1)  # [n]
     depth = tree.depth.to(argmax.device)
     best = int(torch.argmax(torch.where(accepted, depth, -1)))
-    nan = torch.full((tree.size,), float("nan"))
-    return Acceptance(
-        path=tree.path_to(best),
-        bonus=int(argmax[best]),
-        target_probs=inp.sampling.probs(inp.target_logits),
-        accept_prob=nan,
-    )
+    # The greedy rule reads only the argmax: no softmax over the vocabulary (node logs compute it themselves).
+    return Acceptance(path=tree.path_to(best), bonus=int(argmax[best]), target_probs=None,
+                      accept_prob=torch.full((tree.size,), float("nan")))
 
 
 def _children(tree: DraftTree) -> list[list[int]]:

@@ -14,6 +14,7 @@ import typer
 
 from studies.acceptance import cli as acceptance_cli
 from studies.bench import cli as bench_cli
+from studies.bench import profile_cli
 from studies.collect import cli as collect_cli
 from studies.learn import cli as learn_cli
 from studies.pair import cli as pair_cli
@@ -23,6 +24,7 @@ app = typer.Typer(no_args_is_help=True, add_completion=False, help="Domain-aware
 
 _JOBS = (
     bench_cli,  # bench, decode, latency
+    profile_cli,  # profile
     pair_cli,  # demo, train-pair, pair-report
     collect_cli,  # collect
     acceptance_cli,  # study acceptance

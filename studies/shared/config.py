@@ -41,3 +41,22 @@ class BenchConfig(BaseModel):
     hf_num_assistant_tokens: int = 20
     hf_schedule: str = "constant"
     hf_confidence_threshold: float = 0.4
+
+
+class ProfileConfig(BaseModel):
+    """Every default of ``treewise profile``; the CLI reads its defaults from here."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    suite: Path = Field(default_factory=lambda: data_dir() / "prompts")
+    split: str = "test"
+    domains: list[str] | None = None
+    per_domain: int = 2
+    max_new_tokens: int = 64
+    target: str | None = None
+    draft: str | None = None
+    trees: dict[str, str] = Field(default_factory=lambda: {
+        "static": "static:width=2,depth=3",
+        "confidence": "confidence:budget=16,max_depth=5,top_k=4",
+        "learned": "learned",
+    })

@@ -1,0 +1,71 @@
+"""``treewise profile``: stages that add up to the step, the predictor timed apart from its policy, JSON."""
+
+import json
+from collections.abc import Mapping
+
+import numpy as np
+import pytest
+from conftest import make_model
+
+from controller import BudgetsFile, DomainBudget, LearnedTree
+from decoder import TreeDecoder
+from studies.bench.profile import STAGES, _Row, _rows, _summary, _TimedPredictor, run_profile
+from studies.shared.config import ProfileConfig
+
+
+class DraftProb:
+    feature_names = ["draft_logprob", "depth"]
+
+    def predict_batch(self, features: Mapping[str, np.ndarray]) -> np.ndarray:
+        return np.exp(features["draft_logprob"].astype(np.float64))
+
+
+def _suite(tmp_path):
+    d = tmp_path / "suite"
+    d.mkdir()
+    for dom in ("code", "dialogue"):
+        lines = [json.dumps({"id": f"{dom}{i}", "domain": dom, "prompt": f"{dom} prompt {i}:", "split": "test"})
+                 for i in range(2)]
+        (d / f"{dom}.jsonl").write_text("\n".join(lines) + "\n")
+    return d
+
+
+@pytest.fixture(scope="module")
+def dec(tokenizer) -> TreeDecoder:
+    return TreeDecoder(make_model("llama", 0), make_model("llama", 0, layers=1), tokenizer)
+
+
+def test_profile_stages_add_up_and_serialise(dec, tmp_path) -> None:
+    cfg = ProfileConfig(suite=_suite(tmp_path), per_domain=1, max_new_tokens=16,
+                        trees={"static": "static:width=2,depth=2", "chain": "chain:length=3"})
+    result = run_profile(cfg, dec)
+    assert result.prompts == 2 and set(result.policies) == {"static", "chain"}
+    for p in result.policies.values():
+        assert list(p.stages) == list(STAGES)
+        assert sum(s.ms_per_step for s in p.stages.values()) == pytest.approx(p.ms_per_step, rel=1e-6)
+        assert sum(s.share for s in p.stages.values()) == pytest.approx(1.0, abs=1e-6)
+        assert p.stages["predictor"].ms_per_step == 0.0  # no predictor in these policies
+        assert p.stages["target_model"].ms_per_step > 0 and p.stages["draft_model"].ms_per_step > 0
+        assert 0 < p.outside_forwards_share < 1 and p.tau >= 1 and p.steps > 0
+    again = json.loads(result.model_dump_json())
+    assert again["policies"]["static"]["stages"]["masks"]["share"] >= 0
+
+
+def test_predictor_time_is_split_out_of_the_policy(dec, tmp_path) -> None:
+    policy = LearnedTree(DraftProb(), BudgetsFile(default=DomainBudget(node_budget=6, max_depth=3, threshold=0.0,
+                                                                       cost_scale=0.0)))
+    timer = _TimedPredictor(policy.predictor)
+    policy.predictor = timer
+    row = _Row("learned", lambda p: dec.generate(p, 16, tree=policy), timer, [])
+    row.results.append(row.run("hello tree"))
+    s = _summary(row)
+    assert timer.calls > 0 and timer.seconds > 0
+    policy_s = sum(st.policy_s for st in row.results[0].stats.steps)
+    assert s.stages["predictor"].ms_per_step * s.steps == pytest.approx(1000 * timer.seconds)
+    assert (s.stages["policy"].ms_per_step + s.stages["predictor"].ms_per_step) * s.steps == pytest.approx(
+        1000 * policy_s)
+
+
+def test_rows_wrap_only_policies_with_a_predictor(dec) -> None:
+    rows = _rows(dec, ProfileConfig(trees={"static": "static:width=2,depth=2"}))
+    assert rows["static"].timer is None
