@@ -24,6 +24,12 @@ def keep_rows(cache: DynamicCache, committed: int, rows: torch.Tensor) -> None:
     only plain per-token layers qualify: a sliding-window layer evicts old rows and shifts every index.
     """
     new_len = committed + rows.numel()
+    # Rows already where they belong need no copy: the root always is, and often its first children.
+    wanted = rows.tolist()
+    lead = 0
+    while lead < len(wanted) and wanted[lead] == committed + lead:
+        lead += 1
+    rows = rows[lead:]
     for layer in cache.layers:
         if type(layer) is not DynamicLayer:
             raise TreewiseError(f"cannot compact a {type(layer).__name__} cache layer by row index: "
@@ -33,8 +39,8 @@ def keep_rows(cache: DynamicCache, committed: int, rows: torch.Tensor) -> None:
         if rows.numel():
             idx = rows.to(layer.keys.device)
             # Advanced indexing on the right makes a copy first, so overlapping moves are safe.
-            layer.keys[..., committed:new_len, :] = layer.keys[..., idx, :]
-            layer.values[..., committed:new_len, :] = layer.values[..., idx, :]
+            layer.keys[..., committed + lead:new_len, :] = layer.keys[..., idx, :]
+            layer.values[..., committed + lead:new_len, :] = layer.values[..., idx, :]
         layer.keys = layer.keys[..., :new_len, :]
         layer.values = layer.values[..., :new_len, :]
 

@@ -103,7 +103,8 @@ class StepCore:
             rows = step_rows(dr.candidates, acc, logits, self._token_types, meta)
         if run.stream is not None:
             run.stream(emitted)
-        tried = int(torch.isin(dr.tree.parents[1:], torch.tensor(acc.path)).sum())
+        on_path = set(acc.path)
+        tried = sum(1 for parent in dr.tree.parents[1:].tolist() if parent in on_path)
         run.policy.observe(StepOutcome(ctx.step, dr.tree.size - 1, acc.accepted, tried))
         req.tried, req.accepted, req.prev_accepted = req.tried + tried, req.accepted + acc.accepted, acc.accepted
         return emitted, rows

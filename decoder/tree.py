@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 
+import numpy as np
 import torch
 
 from .errors import TreewiseError
@@ -32,22 +33,21 @@ class DraftTree:
             raise TreewiseError(f"a tree needs a root and one token per node (parents {n}, tokens {tokens_t.numel()})")
         if parents_t[0] != -1:
             raise TreewiseError("node 0 must be the root: parents[0] must be -1")
-        idx = torch.arange(n)
-        if n > 1 and not bool(((parents_t[1:] >= 0) & (parents_t[1:] < idx[1:])).all()):
+        par = parents_t.numpy()
+        if n > 1 and not bool(((par[1:] >= 0) & (par[1:] < np.arange(1, n))).all()):
             raise TreewiseError("parents must point to earlier nodes (topological order, parents[i] < i)")
-        depth = torch.zeros(n, dtype=torch.long)
-        anc = torch.eye(n, dtype=torch.bool)
-        # One vectorised update per depth level: a node inherits its parent's ancestor row.
-        frontier = parents_t == 0
-        frontier[0] = False
-        level = 1
-        while bool(frontier.any()):
-            rows = idx[frontier]
-            depth[rows] = level
-            anc[rows] |= anc[parents_t[rows]]
-            frontier = torch.isin(parents_t, rows)
-            level += 1
-        return cls(tokens=tokens_t, parents=parents_t, depth=depth.to(tokens_t.device), ancestor_mask=anc)
+        # numpy: a tree has a few dozen nodes, where each torch op's dispatch costs more than its work.
+        plist = par.tolist()
+        dlist = [0] * n
+        for i in range(1, n):  # parents come first
+            dlist[i] = dlist[plist[i]] + 1
+        depth = np.asarray(dlist, dtype=np.int64)
+        anc = np.eye(n, dtype=bool)
+        for level in range(1, max(dlist) + 1):  # one vectorised update per level: inherit the parent's row
+            rows = np.flatnonzero(depth == level)
+            anc[rows] |= anc[par[rows]]
+        return cls(tokens=tokens_t, parents=parents_t, depth=torch.from_numpy(depth).to(tokens_t.device),
+                   ancestor_mask=torch.from_numpy(anc))
 
     @property
     def size(self) -> int:

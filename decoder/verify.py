@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
+import numpy as np
 import torch
 from transformers.generation.logits_process import (
     TemperatureLogitsWarper,
@@ -100,17 +101,24 @@ def verify(inp: VerifyInput) -> Acceptance:
 
 def verify_greedy(inp: VerifyInput) -> Acceptance:
     tree = inp.tree
-    argmax = inp.target_logits.argmax(dim=-1)  # [n]
-    correct = torch.ones(tree.size, dtype=torch.bool, device=argmax.device)
-    correct[1:] = tree.tokens[1:] == argmax[tree.parents[1:].to(argmax.device)]
+    argmax = row_argmax(inp.target_logits)  # [n] numpy
+    parents, tokens = tree.parents.numpy(), tree.tokens.cpu().numpy()
+    correct = np.ones(tree.size, dtype=bool)
+    correct[1:] = tokens[1:] == argmax[parents[1:]]
     # A node is accepted iff it and all its ancestors match the target's argmax at their parents.
-    anc = tree.ancestor_mask.to(argmax.device)
-    accepted = ~(anc & ~correct[None, :]).any(dim=1)  # [n]
-    depth = tree.depth.to(argmax.device)
-    best = int(torch.argmax(torch.where(accepted, depth, -1)))
+    anc = tree.ancestor_mask.numpy()
+    accepted = ~(anc & ~correct[None, :]).any(axis=1)  # [n]
+    best = int(np.argmax(np.where(accepted, tree.depth.cpu().numpy(), -1)))
     # The greedy rule reads only the argmax: no softmax over the vocabulary (node logs compute it themselves).
-    return Acceptance(path=tree.path_to(best), bonus=int(argmax[best]), target_probs=None,
+    return Acceptance(path=np.flatnonzero(anc[best]).tolist(), bonus=int(argmax[best]), target_probs=None,
                       accept_prob=torch.full((tree.size,), float("nan")))
+
+
+def row_argmax(logits: torch.Tensor) -> np.ndarray:
+    """[n] argmax of each row; on the CPU through numpy, several times faster than torch's for small n."""
+    if logits.device.type == "cpu":
+        return logits.detach().numpy().argmax(-1)
+    return logits.argmax(-1).cpu().numpy()
 
 
 def _children(tree: DraftTree) -> list[list[int]]:
