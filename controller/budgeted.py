@@ -55,11 +55,12 @@ class BudgetedTree:
     _active: TreePolicy = field(default_factory=lambda: StaticTree(), init=False, repr=False)
 
     @classmethod
-    def default(cls) -> BudgetedTree:
-        """Shipped budgets (data/budgets.json), predictor, latency profile and domain classifier."""
-        learned = LearnedTree.default(guard=False)
-        guard = PayoffGuard(learned.latency.target_time(1)) if learned.latency is not None else None
-        return cls(load_budgets(), learned.predictor, learned.latency, learned.classifier, guard)
+    def default(cls, guard: bool = False) -> BudgetedTree:
+        """Shipped budgets (data/budgets.json), predictor, latency profile and domain classifier; ``guard=True``
+        adds a ``PayoffGuard`` (off by default, as in ``LearnedTree.default``)."""
+        learned = LearnedTree.default()
+        payoff = PayoffGuard(learned.latency.target_time(1)) if guard and learned.latency is not None else None
+        return cls(load_budgets(), learned.predictor, learned.latency, learned.classifier, payoff)
 
     def start(self, request: RequestInfo) -> None:
         domain = request.domain

@@ -7,9 +7,9 @@ clears the budget's threshold and, given the latency profile, pays for its verif
 children's predictions are spread keeps more of them (widening) and a peaked one keeps one. A level is
 drafted only when its expected gain covers one more draft forward; at the root, when the predicted
 value of the best root child (a running mean over recent steps) is too low to pay for drafting, the step is
-a plain target step (with a probe every ``probe_every`` steps). ``guard`` (``controller.guard``, on in
-``default()``) does the same from what the request has *measured*: step times and tokens per step against
-the plain step time.
+a plain target step (with a probe every ``probe_every`` steps). ``guard`` (``controller.guard``, off by default:
+on the bench it stopped drafting on noisy early steps and cost more than it saved; docs/performance.md)
+does the same from what the request has *measured*: step times and tokens per step against the plain step.
 
 Online calibration (``online``, on by default): the predictor's outputs pass through a per-request
 Platt-style correction (``predictor.online``) refitted after every step to what the step revealed, the
@@ -89,9 +89,9 @@ class LearnedTree:
             self._calibrator = OnlineCalibrator(self.online)
 
     @classmethod
-    def default(cls, latency: LatencyProfile | None = None, online: bool = True, guard: bool = True) -> LearnedTree:
-        """The shipped predictor, budgets, domain classifier and latency profile under data/; with the latency
-        profile, a ``PayoffGuard`` unless ``guard=False``."""
+    def default(cls, latency: LatencyProfile | None = None, online: bool = True, guard: bool = False) -> LearnedTree:
+        """The shipped predictor, budgets, domain classifier and latency profile under data/; ``guard=True`` (with
+        the latency profile) adds a ``PayoffGuard``."""
         from predictor import AcceptancePredictor
 
         from .domains import DomainClassifier

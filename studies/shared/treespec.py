@@ -170,8 +170,8 @@ def _dynamic_chain(**params: Any) -> TreePolicy:
 
 def _learned(online: bool | None = None, guard: bool | None = None, **params: Any) -> TreePolicy:
     """The shipped LearnedTree; any budget field given overrides the budgets file for every domain;
-    ``online=false`` turns the per-request correction off, ``guard=false`` the measured fallback to plain."""
-    policy = LearnedTree.default(online=online is not False, guard=guard is not False)
+    ``online=false`` turns the per-request correction off, ``guard=true`` the measured fallback to plain on."""
+    policy = LearnedTree.default(online=online is not False, guard=guard is True)
     if given := _given(params):
         policy.budgets = BudgetsFile(default=DomainBudget(policy="learned", **given))
     return policy
@@ -197,7 +197,7 @@ register_tree_kind(TreeKind(
     {name: Param(kind, help=f"override the budgets' {name}") for name, kind in (
         ("node_budget", int), ("max_depth", int), ("max_width", int), ("threshold", float), ("cost_scale", float))}
     | {"online": Param(bool, help="per-request online correction of the predictor (default true)"),
-       "guard": Param(bool, help="plain steps where drafting measurably does not pay (default true)")},
+       "guard": Param(bool, help="plain steps where drafting measurably does not pay (default false)")},
     help="LearnedTree with the shipped predictor, budgets (data/budgets.json) and latency profile",
 ))
 register_tree_kind(TreeKind(
