@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, PrivateAttr, ValidationError
 from transformers import DynamicCache, PreTrainedModel
 
 from decoder import TreeDecoder, TreewiseError, tree_attention_mask
@@ -41,11 +41,20 @@ class LatencyProfile(BaseModel):
     key: str = ""
     created: str = ""
 
+    # LearnedTree asks for the same few sizes dozens of times a step; np.interp on a scalar costs ~4 us.
+    _memo: dict[tuple[bool, float], float] = PrivateAttr(default_factory=dict)
+
     def target_time(self, n: int | float) -> float:
-        return _interp(n, self.sizes, self.target_ms)
+        key = (True, n)
+        if key not in self._memo:
+            self._memo[key] = _interp(n, self.sizes, self.target_ms)
+        return self._memo[key]
 
     def draft_time(self, n: int | float) -> float:
-        return _interp(n, self.sizes, self.draft_ms)
+        key = (False, n)
+        if key not in self._memo:
+            self._memo[key] = _interp(n, self.sizes, self.draft_ms)
+        return self._memo[key]
 
     @classmethod
     def read(cls, path: str | Path) -> LatencyProfile:

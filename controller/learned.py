@@ -83,6 +83,7 @@ class LearnedTree:
     _calibrator: OnlineCalibrator = field(default_factory=OnlineCalibrator, init=False, repr=False)
     _step: list[_Level] = field(default_factory=list, init=False, repr=False)  # this step's levels so far
     _domain_code: float = field(default=float("nan"), init=False, repr=False)  # the predictor's code of this domain
+    _names: list[str] = field(default_factory=list, init=False, repr=False)  # the predictor's features
 
     def __post_init__(self) -> None:
         if self.online is not None:
@@ -118,6 +119,7 @@ class LearnedTree:
         known = code("domain", domain) if code is not None else -1
         self._domain_code = float(known) if known >= 0 else float("nan")  # unseen: a missing value, as in training
         self._root_value = None
+        self._names = list(self.predictor.feature_names)  # a property that builds a list on every call
         self._context.start()
         self._calibrator.reset()
         self._step = []
@@ -189,7 +191,7 @@ class LearnedTree:
                            else np.full(frontier.size, self.domain, dtype=object))
         parents = frontier.parent.numpy()
         self._context.add(feats, parents)
-        raw = np.asarray(self.predictor.predict_batch({n: feats[n] for n in self.predictor.feature_names}),
+        raw = np.asarray(self.predictor.predict_batch({n: feats[n] for n in self._names}),
                          dtype=np.float64)
         p = self._calibrator(raw) if self.online is not None else raw
         self._step.append(_Level(raw, parents, np.zeros(len(raw), dtype=bool)))
