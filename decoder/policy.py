@@ -71,7 +71,7 @@ class Frontier:
 
     def numeric_features(self) -> dict[str, np.ndarray]:
         """``features()`` without object arrays, for a predictor's hot path: ``token_type`` as integer codes
-        into ``TOKEN_TYPES`` and no ``domain`` (the caller adds its own code). Scalars are broadcast views."""
+        into ``TOKEN_TYPES`` and no ``domain`` (the caller adds its own code)."""
         m = self.size
         tokens = self.tokens.numpy()
         types = (self.token_type_table[tokens] if self.token_type_table is not None
@@ -80,8 +80,8 @@ class Frontier:
         scalars = {"depth": self.depth, "position": self.position + self.depth - 1, "prompt_len": self.prompt_len,
                    "running_accept_rate": self.running_accept_rate, "prev_accepted": self.prev_accepted,
                    "temperature": self.temperature}
-        # Scalars in the node log's types (training saw float32 rates), broadcast without copies.
-        return {name: np.broadcast_to(np.asarray(v, dtype=NUMPY_TYPES[name]), (m,)) for name, v in scalars.items()} | {
+        # Scalars in the node log's types (training saw float32 rates).
+        return {name: np.full(m, v, dtype=NUMPY_TYPES[name]) for name, v in scalars.items()} | {
             "sibling_rank": self.sibling_rank.numpy(), "token_id": tokens, "token_type": types,
             "draft_logprob": self.draft_logprob.numpy(), "draft_entropy": self.draft_entropy.numpy(),
             "draft_margin": self.draft_margin.numpy(), "path_logprob": self.path_logprob.numpy(),
