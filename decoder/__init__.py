@@ -13,14 +13,25 @@ from .nodelog import (
     NodeLogWriter,
     read_node_logs,
 )
-from .policy import Candidates, Chain, Frontier, LevelPlan, RequestInfo, StaticTree, StepOutcome, TreePolicy, top_k_mask
+from .policy import (
+    Candidates,
+    Chain,
+    Frontier,
+    LevelPlan,
+    NoDraft,
+    RequestInfo,
+    StaticTree,
+    StepOutcome,
+    TreePolicy,
+    top_k_mask,
+)
 from .results import GenerationResult, GenerationStats, StageTimes, StepStats
 from .tree import DraftTree, chain_then_tree, tree_attention_mask
 from .verify import Acceptance, Sampling, Verifier, VerifyInput, verify, verify_greedy
 
 __all__ = [
     "DEFAULTS", "FEATURE_COLUMNS", "LABEL_COLUMNS", "SCHEMA", "SCHEMA_VERSION", "TOKEN_TYPES", "Acceptance",
-    "Candidates", "Chain", "DecodeConfig", "DraftContext", "DraftResult", "DraftTree", "Frontier",
+    "Candidates", "Chain", "DecodeConfig", "NoDraft", "DraftContext", "DraftResult", "DraftTree", "Frontier",
     "GenerationResult", "GenerationStats", "LevelPlan", "NodeLogError", "NodeLogWriter", "RequestInfo",
     "Sampling", "StageTimes", "StaticTree", "StepOutcome", "StepStats", "TreeDecoder", "TreePolicy", "TreewiseError",
     "Verifier", "VerifyInput", "chain_then_tree", "draft_tree", "read_node_logs", "top_k_mask",

@@ -202,6 +202,12 @@ class Drafter:
 
     def _result(self) -> DraftResult:
         """Apply the policy's final selection, keep the tree connected, and index it."""
+        if not self.levels:  # a plain step: the root alone
+            root = self.seq[-1:].cpu()
+            tree = DraftTree(tokens=root, parents=torch.full((1,), -1), depth=torch.zeros(1, dtype=torch.long),
+                             ancestor_mask=torch.ones(1, 1, dtype=torch.bool))
+            return DraftResult(tree, _NO_CANDIDATES, {0: self.cand_probs[-1]} if -1 in self.cand_probs else {},
+                               torch.full((1,), -1), 0.0, self.policy_s, self.forwards)
         cols = _stack(self.levels)
         keep = cols.pop("keep").numpy()
         fed = cols.pop("fed_slot").numpy()
@@ -279,3 +285,8 @@ def _stack(levels: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
     if not levels:
         return {n: torch.zeros(0, dtype=dt) for n, dt in names.items()}
     return {n: torch.cat([lv[n] for lv in levels]) for n in names}
+
+
+# A plain step's candidates: none (frozen, and no consumer writes into them).
+_NO_CANDIDATES = Candidates(**{n: v for n, v in _stack([]).items() if n not in ("keep", "fed_slot")},
+                            tree_index=torch.zeros(0, dtype=torch.long))

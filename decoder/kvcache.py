@@ -30,6 +30,7 @@ def keep_rows(cache: DynamicCache, committed: int, rows: torch.Tensor) -> None:
     while lead < len(wanted) and wanted[lead] == committed + lead:
         lead += 1
     rows = rows[lead:]
+    crop = cache.get_seq_length() != new_len  # a plain step keeps exactly what it fed: nothing to do
     for layer in cache.layers:
         if type(layer) is not DynamicLayer:
             raise TreewiseError(f"cannot compact a {type(layer).__name__} cache layer by row index: "
@@ -41,8 +42,9 @@ def keep_rows(cache: DynamicCache, committed: int, rows: torch.Tensor) -> None:
             # Advanced indexing on the right makes a copy first, so overlapping moves are safe.
             layer.keys[..., committed + lead:new_len, :] = layer.keys[..., idx, :]
             layer.values[..., committed + lead:new_len, :] = layer.values[..., idx, :]
-        layer.keys = layer.keys[..., :new_len, :]
-        layer.values = layer.values[..., :new_len, :]
+        if crop:
+            layer.keys = layer.keys[..., :new_len, :]
+            layer.values = layer.values[..., :new_len, :]
 
 
 @dataclass(frozen=True)

@@ -247,6 +247,26 @@ class Chain(StaticTree):
         super().__post_init__()
 
 
+@dataclass(frozen=True)
+class NoDraft:
+    """Never drafts: every step is one plain target step through treewise's loop. A baseline that prices the
+    loop itself (``treewise profile --tree none=none``, ``treewise bench --tree none=none``)."""
+
+    reads_draft_entropy: ClassVar[bool] = False
+
+    def start(self, request: RequestInfo) -> None:
+        return None
+
+    def plan(self, frontier: Frontier) -> LevelPlan:
+        return LevelPlan.uniform(frontier.size, 0)
+
+    def finalize(self, candidates: Candidates) -> torch.Tensor | None:
+        return None
+
+    def observe(self, outcome: StepOutcome) -> None:
+        return None
+
+
 def top_k_mask(scores: torch.Tensor, k: int) -> torch.Tensor:
     """[m] bool marking the k highest scores (all when m <= k)."""
     m = scores.numel()

@@ -101,6 +101,9 @@ def verify(inp: VerifyInput) -> Acceptance:
 
 def verify_greedy(inp: VerifyInput) -> Acceptance:
     tree = inp.tree
+    if tree.size == 1:  # a plain step: the target's token after the root
+        return Acceptance(path=[0], bonus=int(row_argmax(inp.target_logits[:1])[0]), target_probs=None,
+                          accept_prob=torch.full((1,), float("nan")))
     argmax = row_argmax(inp.target_logits)  # [n] numpy
     parents, tokens = tree.parents.numpy(), tree.tokens.cpu().numpy()
     correct = np.ones(tree.size, dtype=bool)

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from controller import BudgetedTree, BudgetsFile, ConfidenceTree, DomainBudget, DynamicChain, LearnedTree
-from decoder import Chain, StaticTree, TreePolicy, TreewiseError
+from decoder import Chain, NoDraft, StaticTree, TreePolicy, TreewiseError
 
 
 class TreeSpecError(TreewiseError):
@@ -152,6 +152,10 @@ register_tree_kind(TreeKind(
 register_tree_kind(TreeKind(
     "chain", lambda length: Chain(length=length), {"length": Param(int, required=True, help="draft tokens")},
     help="a single draft path",
+))
+register_tree_kind(TreeKind(
+    "none", lambda: NoDraft(), {},
+    help="no drafting: plain target steps through treewise's own loop (prices the loop against generate)",
 ))
 
 

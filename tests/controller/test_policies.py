@@ -18,7 +18,7 @@ from controller import (
 )
 from controller.learned import AcceptanceModel
 from controller.policies import refit_threshold
-from decoder import Chain, StaticTree, TreeDecoder, TreePolicy
+from decoder import Chain, NoDraft, StaticTree, TreeDecoder, TreePolicy
 
 
 class DraftProbPredictor:
@@ -52,6 +52,7 @@ def _learned(**budget) -> LearnedTree:
 POLICIES = {
     "static": lambda: StaticTree(2, 3),
     "chain": lambda: Chain(3),
+    "none": lambda: NoDraft(),
     "confidence": lambda: ConfidenceTree(budget=6, max_depth=4, top_k=3),
     "dynamic_chain": lambda: DynamicChain(max_length=5, threshold=0.2),
     "learned": lambda: _learned(node_budget=7, max_depth=4, max_width=3, threshold=0.01, cost_scale=0.0),
@@ -62,9 +63,9 @@ POLICIES = {
         domains={"code": DomainBudget(policy="static", node_budget=6, max_width=2, max_depth=3)}),
         DraftProbPredictor()),
 }
-BUDGET = {"static": 14, "chain": 3, "confidence": 6, "dynamic_chain": 5, "learned": 7, "learned_latency": 10,
+BUDGET = {"none": 0, "static": 14, "chain": 3, "confidence": 6, "dynamic_chain": 5, "learned": 7, "learned_latency": 10,
           "budgeted": 6}
-DEPTH = {"static": 3, "chain": 3, "confidence": 4, "dynamic_chain": 5, "learned": 4, "learned_latency": 6,
+DEPTH = {"none": 0, "static": 3, "chain": 3, "confidence": 4, "dynamic_chain": 5, "learned": 4, "learned_latency": 6,
          "budgeted": 4}
 
 
