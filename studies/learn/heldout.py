@@ -34,7 +34,8 @@ def _clean(d: dict[str, Any]) -> dict[str, Any]:
     return {k: (None if isinstance(v, float) and v != v else v) for k, v in d.items()}
 
 
-def _fmt(value: Any) -> str:
+def fmt(value: Any) -> str:
+    """A table cell: 4 decimals for floats, "-" for a missing value (the learn reports share it)."""
     if value is None:
         return "-"
     if isinstance(value, float):
@@ -48,37 +49,37 @@ def _tables(report: dict[str, Any]) -> list[tuple[str, list[str], list[list[str]
     domains = sorted(scorers["predictor"]["per_domain"])
     out = [(f"held out by {report['split_by']}: {report['n_prompts']} prompts, {len(report['folds'])} folds",
             ["scorer", *SCORER_KEYS, "max domain ece"],
-            [[name, *(_fmt(s.get(k)) for k in SCORER_KEYS),
-              _fmt(max((m["ece"] for m in s["per_domain"].values() if m["ece"] is not None), default=None))]
+            [[name, *(fmt(s.get(k)) for k in SCORER_KEYS),
+              fmt(max((m["ece"] for m in s["per_domain"].values() if m["ece"] is not None), default=None))]
              for name, s in scorers.items()])]
     on = [n for n in ONLINE_SCORERS if n in scorers]
     out.append(("per domain: AUC (draft prob) and ECE before / after the online correction",
                 ["domain", "n", "auc draft_prob", *(f"auc {n}" for n in on), *(f"ece {n}" for n in on)],
-                [[d, _fmt(scorers["predictor"]["per_domain"][d]["n"]),
-                  _fmt(scorers["draft_prob"]["per_domain"][d]["auc"]),
-                  *(_fmt(scorers[n]["per_domain"][d]["auc"]) for n in on),
-                  *(_fmt(scorers[n]["per_domain"][d]["ece"]) for n in on)] for d in domains]))
+                [[d, fmt(scorers["predictor"]["per_domain"][d]["n"]),
+                  fmt(scorers["draft_prob"]["per_domain"][d]["auc"]),
+                  *(fmt(scorers[n]["per_domain"][d]["auc"]) for n in on),
+                  *(fmt(scorers[n]["per_domain"][d]["ece"]) for n in on)] for d in domains]))
     out.append(("folds", ["fold", "held out", "train rows", "trees"],
                 [[str(f["fold"]), ", ".join(f["held_out"]), str(f["train_rows"]), str(f["trees"])]
                  for f in report["folds"]]))
     if report.get("by_suite_split"):
         out.append(("by the suite's split", ["split", "scorer", "auc", "log_loss", "ece", "max domain ece"],
-                    [[split, name, *(_fmt(m[k]) for k in ("auc", "log_loss", "ece", "max_domain_ece"))]
+                    [[split, name, *(fmt(m[k]) for k in ("auc", "log_loss", "ece", "max_domain_ece"))]
                      for split, per in report["by_suite_split"].items() for name, m in per.items()]))
     if report.get("online_grid"):
         splits = [k for k in report["online_grid"][0] if k not in ("prior_offset", "prior_slope")]
         out.append(("online correction grid (replayed from step counts)",
                     ["prior_offset", "prior_slope", *(f"{s} {k}" for s in splits for k in ("log_loss", "ece",
                                                                                          "max domain ece"))],
-                    [[_fmt(g["prior_offset"]), _fmt(g["prior_slope"]),
-                      *(_fmt(g[s][k]) for s in splits for k in ("log_loss", "ece", "max_domain_ece"))]
+                    [[fmt(g["prior_offset"]), fmt(g["prior_slope"]),
+                      *(fmt(g[s][k]) for s in splits for k in ("log_loss", "ece", "max_domain_ece"))]
                      for g in report["online_grid"]]))
     if report.get("ablation"):
         keys = ("auc", "log_loss", "ece", "max_domain_ece", "delta_auc", "delta_auc_sd", "delta_log_loss",
                 "delta_log_loss_sd")
         out.append((f"feature groups dropped (-) or added (+), {report['ablation'][0]['seeds']} seeds",
                     ["change", "features", *keys],
-                    [[a["group"], " ".join(a["features"]), *(_fmt(a[k]) for k in keys)] for a in report["ablation"]]))
+                    [[a["group"], " ".join(a["features"]), *(fmt(a[k]) for k in keys)] for a in report["ablation"]]))
     return out
 
 
@@ -91,9 +92,9 @@ def print_heldout(console: Console, report: dict[str, Any]) -> None:
             table.add_row(*row)
         console.print(table)
     t = report["targets"]
-    console.print(f"AUC gain over draft prob {_fmt(t['auc_gain_over_draft_prob'])} "
-                  f"({_fmt(t['auc_gain_online'])} with the correction); max domain ECE {_fmt(t['max_domain_ece'])} "
-                  f"-> {_fmt(t['max_domain_ece_online'])} with the correction; over 0.03: "
+    console.print(f"AUC gain over draft prob {fmt(t['auc_gain_over_draft_prob'])} "
+                  f"({fmt(t['auc_gain_online'])} with the correction); max domain ECE {fmt(t['max_domain_ece'])} "
+                  f"-> {fmt(t['max_domain_ece_online'])} with the correction; over 0.03: "
                   f"{', '.join(t['domains_over_ece_online']) or 'none'}")
 
 

@@ -19,16 +19,10 @@ from rich.table import Table
 
 from controller.domains import DomainReport
 
+from .heldout import fmt
+
 METRIC_KEYS = ("n", "auc", "log_loss", "brier", "ece")
 ABLATION_KEYS = ("auc", "log_loss", "ece", "delta_auc", "delta_auc_sd", "delta_log_loss", "delta_log_loss_sd")
-
-
-def _fmt(value: Any) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        return f"{value:.4f}"
-    return str(value)
 
 
 def _metrics_table(title: str, first: str, rows: dict[str, dict[str, Any]], keys: tuple[str, ...] = METRIC_KEYS
@@ -38,7 +32,7 @@ def _metrics_table(title: str, first: str, rows: dict[str, dict[str, Any]], keys
     for k in keys:
         table.add_column(k, justify="right")
     for name, m in rows.items():
-        table.add_row(name, *(_fmt(m.get(k)) for k in keys))
+        table.add_row(name, *(fmt(m.get(k)) for k in keys))
     return table
 
 
@@ -74,14 +68,14 @@ def print_evaluation(console: Console, report: dict[str, Any]) -> None:
     for name in report["baselines"]:
         auc.add_column(name, justify="right")
     for dom, m in report["per_domain"].items():
-        auc.add_row(dom, _fmt(m["auc"]), *(_fmt(b["per_domain"][dom]["auc"]) for b in report["baselines"].values()))
+        auc.add_row(dom, fmt(m["auc"]), *(fmt(b["per_domain"][dom]["auc"]) for b in report["baselines"].values()))
     console.print(auc)
     t = report["targets"]
     console.print(
-        f"AUC gain over draft prob: {_fmt(t['auc_gain_over_draft_prob'])} (target >= 0.03); domains meeting it: "
-        f"{len(t['domains_with_auc_gain'])}/{t['domains']}; max domain ECE {_fmt(t['max_domain_ece'])} "
+        f"AUC gain over draft prob: {fmt(t['auc_gain_over_draft_prob'])} (target >= 0.03); domains meeting it: "
+        f"{len(t['domains_with_auc_gain'])}/{t['domains']}; max domain ECE {fmt(t['max_domain_ece'])} "
         f"(target <= 0.03), over target: {t['domains_over_ece_target'] or 'none'}"
-        + (f"; with the online correction {_fmt(t.get('max_domain_ece_online'))}, over target: "
+        + (f"; with the online correction {fmt(t.get('max_domain_ece_online'))}, over target: "
            f"{t.get('domains_over_ece_target_online') or 'none'}" if report.get("online") else "")
     )
     lat = report.get("predict_batch_latency", [])
@@ -127,7 +121,7 @@ def markdown_tables(report: dict[str, Any]) -> str:
     """The evaluation as markdown tables (for docs/predictor.md)."""
     def table(first: str, rows: dict[str, dict[str, Any]], keys: tuple[str, ...]) -> str:
         lines = [f"| {first} | " + " | ".join(keys) + " |", "|---" * (len(keys) + 1) + "|"]
-        lines += [f"| {name} | " + " | ".join(_fmt(m.get(k)) for k in keys) + " |" for name, m in rows.items()]
+        lines += [f"| {name} | " + " | ".join(fmt(m.get(k)) for k in keys) + " |" for name, m in rows.items()]
         return "\n".join(lines)
 
     overall = {"predictor": report} | _online(report) | {f"{k}": v for k, v in report["baselines"].items()}
