@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -72,3 +73,14 @@ def tiny_pair_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
         model.save_pretrained(root / name)
         tok.save_pretrained(root / name)
     return root
+
+
+def write_suite(tmp_path: Path) -> Path:
+    """A two-domain prompt suite (code, dialogue; two test prompts each) under ``tmp_path/suite``."""
+    d = tmp_path / "suite"
+    d.mkdir()
+    for dom in ("code", "dialogue"):
+        lines = [json.dumps({"id": f"{dom}{i}", "domain": dom, "prompt": f"{dom} prompt {i}:", "split": "test"})
+                 for i in range(2)]
+        (d / f"{dom}.jsonl").write_text("\n".join(lines) + "\n")
+    return d

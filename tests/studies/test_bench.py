@@ -2,25 +2,16 @@
 
 import json
 
+from conftest import write_suite
 from typer.testing import CliRunner
 
 from studies.cli import app
 
 
-def _suite(tmp_path):
-    d = tmp_path / "suite"
-    d.mkdir()
-    for dom in ("code", "dialogue"):
-        lines = [json.dumps({"id": f"{dom}{i}", "domain": dom, "prompt": f"{dom} prompt {i}:", "split": "test"})
-                 for i in range(2)]
-        (d / f"{dom}.jsonl").write_text("\n".join(lines) + "\n")
-    return d
-
-
 def test_bench_cli_json(tiny_pair_dir, tmp_path) -> None:
     out = tmp_path / "bench.json"
     res = CliRunner().invoke(app, [
-        "bench", "--suite", str(_suite(tmp_path)), "--split", "test", "--max-new-tokens", "12", "--repeats", "2",
+        "bench", "--suite", str(write_suite(tmp_path)), "--split", "test", "--max-new-tokens", "12", "--repeats", "2",
         "--target", str(tiny_pair_dir / "target"), "--draft", str(tiny_pair_dir / "draft"), "--json", str(out),
         "--tree", "wide=static:width=4,depth=2",
     ])

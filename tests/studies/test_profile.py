@@ -5,7 +5,7 @@ from collections.abc import Mapping
 
 import numpy as np
 import pytest
-from conftest import make_model
+from conftest import make_model, write_suite
 
 from controller import BudgetsFile, DomainBudget, LearnedTree
 from decoder import TreeDecoder
@@ -20,23 +20,13 @@ class DraftProb:
         return np.exp(features["draft_logprob"].astype(np.float64))
 
 
-def _suite(tmp_path):
-    d = tmp_path / "suite"
-    d.mkdir()
-    for dom in ("code", "dialogue"):
-        lines = [json.dumps({"id": f"{dom}{i}", "domain": dom, "prompt": f"{dom} prompt {i}:", "split": "test"})
-                 for i in range(2)]
-        (d / f"{dom}.jsonl").write_text("\n".join(lines) + "\n")
-    return d
-
-
 @pytest.fixture(scope="module")
 def dec(tokenizer) -> TreeDecoder:
     return TreeDecoder(make_model("llama", 0), make_model("llama", 0, layers=1), tokenizer)
 
 
 def test_profile_stages_add_up_and_serialise(dec, tmp_path) -> None:
-    cfg = ProfileConfig(suite=_suite(tmp_path), per_domain=1, max_new_tokens=16,
+    cfg = ProfileConfig(suite=write_suite(tmp_path), per_domain=1, max_new_tokens=16,
                         trees={"static": "static:width=2,depth=2", "chain": "chain:length=3"})
     result = run_profile(cfg, dec)
     assert result.prompts == 2 and set(result.policies) == {"static", "chain"}

@@ -5,6 +5,7 @@ from collections.abc import Mapping
 
 import numpy as np
 import pytest
+from conftest import write_suite
 from typer.testing import CliRunner
 
 from studies.bench.sweep_config import SweepConfig
@@ -18,16 +19,6 @@ class DraftProb:
 
     def predict_batch(self, features: Mapping[str, np.ndarray]) -> np.ndarray:
         return np.exp(features["draft_logprob"].astype(np.float64))
-
-
-def _suite(tmp_path):
-    d = tmp_path / "suite"
-    d.mkdir()
-    for dom in ("code", "dialogue"):
-        lines = [json.dumps({"id": f"{dom}{i}", "domain": dom, "prompt": f"{dom} prompt {i}:", "split": "test"})
-                 for i in range(2)]
-        (d / f"{dom}.jsonl").write_text("\n".join(lines) + "\n")
-    return d
 
 
 def _check_contract(data: dict, budgets: list[int], policies: list[str]) -> None:
@@ -61,7 +52,7 @@ def test_run_sweep_json_contract(tokenizer, tmp_path) -> None:
     from studies.bench.sweep import SweepResult, run_sweep
 
     dec = TreeDecoder(make_model("llama", 0), make_model("llama", 1, layers=1), tokenizer)
-    cfg = SweepConfig(suite=_suite(tmp_path), per_domain=1, max_new_tokens=12, budgets=[8, 2, 2], repeats=2)
+    cfg = SweepConfig(suite=write_suite(tmp_path), per_domain=1, max_new_tokens=12, budgets=[8, 2, 2], repeats=2)
     result = run_sweep(cfg, dec, predictor=DraftProb())
     again = SweepResult.model_validate_json(result.model_dump_json())
     assert again == result
@@ -75,7 +66,8 @@ def test_run_sweep_json_contract(tokenizer, tmp_path) -> None:
 def test_sweep_cli_writes_json_markdown_and_plot(tiny_pair_dir, tmp_path) -> None:
     out, md, png = tmp_path / "sweep.json", tmp_path / "sweep.md", tmp_path / "sweep.png"
     res = CliRunner().invoke(app, [
-        "sweep", "--suite", str(_suite(tmp_path)), "--per-domain", "1", "--max-new-tokens", "8", "--budgets", "2,4",
+        "sweep", "--suite", str(write_suite(tmp_path)), "--per-domain", "1", "--max-new-tokens", "8",
+        "--budgets", "2,4",
         "--target", str(tiny_pair_dir / "target"), "--draft", str(tiny_pair_dir / "draft"),
         "--json", str(out), "--markdown", str(md), "--plot", str(png),
     ])
