@@ -31,8 +31,8 @@ from .verify import Acceptance, Sampling, Verifier, VerifyInput, verify, verify_
 
 __all__ = [
     "DEFAULTS", "FEATURE_COLUMNS", "LABEL_COLUMNS", "SCHEMA", "SCHEMA_VERSION", "TOKEN_TYPES", "Acceptance",
-    "Candidates", "Chain", "DecodeConfig", "NoDraft", "DraftContext", "DraftResult", "DraftTree", "Frontier",
-    "GenerationResult", "GenerationStats", "LevelPlan", "NodeLogError", "NodeLogWriter", "RequestInfo",
+    "Candidates", "Chain", "DecodeConfig", "DraftContext", "DraftResult", "DraftTree", "Frontier",
+    "GenerationResult", "GenerationStats", "LevelPlan", "NoDraft", "NodeLogError", "NodeLogWriter", "RequestInfo",
     "Sampling", "StageTimes", "StaticTree", "StepOutcome", "StepStats", "TreeDecoder", "TreePolicy", "TreewiseError",
     "Verifier", "VerifyInput", "chain_then_tree", "draft_tree", "read_node_logs", "top_k_mask",
     "tree_attention_mask", "verify", "verify_greedy",

@@ -213,7 +213,7 @@ class Drafter:
         fed = cols.pop("fed_slot").numpy()
         cands = Candidates(**cols, tree_index=torch.from_numpy(_tree_index(keep)))
         t0 = time.perf_counter()
-        final = self.policy.finalize(cands) if self.levels else None
+        final = self.policy.finalize(cands)
         self.policy_s += time.perf_counter() - t0
         parent = cands.parent.numpy()
         has_parent = parent >= 0
