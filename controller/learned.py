@@ -82,7 +82,7 @@ class LearnedTree:
     _context: RequestFeatures = field(default_factory=RequestFeatures, init=False, repr=False)
     _calibrator: OnlineCalibrator = field(default_factory=OnlineCalibrator, init=False, repr=False)
     _step: list[_Level] = field(default_factory=list, init=False, repr=False)  # this step's levels so far
-    _domain_code: float = field(default=float("nan"), init=False, repr=False)  # the predictor's code of this domain
+    _domain_column: tuple[object, type] = field(default=("unknown", object), init=False, repr=False)  # value, dtype
     _names: list[str] = field(default_factory=list, init=False, repr=False)  # the predictor's features
 
     def __post_init__(self) -> None:
@@ -115,9 +115,14 @@ class LearnedTree:
         budget = self.budgets.for_domain(domain)
         # A domain tuned to another family (static, confidence) says nothing about learned sizes: use the default.
         self.domain, self.budget = domain, budget if budget.policy == "learned" else self.budgets.default
+        # The domain column of this request's features: the predictor's integer code when it takes codes
+        # (an unseen domain is a missing value, as in training), else the name.
         code = getattr(self.predictor, "category_code", None)
-        known = code("domain", domain) if code is not None else -1
-        self._domain_code = float(known) if known >= 0 else float("nan")  # unseen: a missing value, as in training
+        if code is None:
+            self._domain_column = (self.domain, object)
+        else:
+            known = code("domain", domain)
+            self._domain_column = (float(known) if known >= 0 else float("nan"), np.float64)
         self._root_value = None
         self._names = list(self.predictor.feature_names)  # a property that builds a list on every call
         self._context.start()
@@ -186,9 +191,8 @@ class LearnedTree:
 
     def _values_of(self, frontier: Frontier) -> np.ndarray:
         feats = frontier.numeric_features()  # categoricals as integer codes: no object arrays per level
-        code = getattr(self.predictor, "category_code", None)  # AcceptancePredictor takes the domain's code
-        feats["domain"] = (np.full(frontier.size, self._domain_code, dtype=np.float64) if code is not None
-                           else np.full(frontier.size, self.domain, dtype=object))
+        value, dtype = self._domain_column
+        feats["domain"] = np.full(frontier.size, value, dtype=dtype)
         parents = frontier.parent.numpy()
         self._context.add(feats, parents)
         raw = np.asarray(self.predictor.predict_batch({n: feats[n] for n in self._names}),
