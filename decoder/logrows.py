@@ -9,7 +9,7 @@ import torch
 
 from .nodelog import TOKEN_TYPES, feature_columns
 from .policy import Candidates, candidate_features
-from .verify import Acceptance
+from .verify import Acceptance, row_argmax
 
 
 @dataclass(frozen=True)
@@ -29,7 +29,7 @@ def step_rows(cand: Candidates, acc: Acceptance, target_logits: torch.Tensor, to
               meta: RowMeta) -> dict[str, np.ndarray]:
     """One row per drafted candidate; ``target_logits`` is [n, V] over tree nodes."""
     m = cand.size
-    target_argmax = target_logits.argmax(-1)  # [n]
+    target_argmax = torch.from_numpy(row_argmax(target_logits))  # [n]
     # Greedy verification skips the softmax; the log's target_prob is the untempered distribution then.
     probs = acc.target_probs if acc.target_probs is not None else torch.softmax(target_logits.float(), dim=-1)
     parent_tree = torch.zeros(m, dtype=torch.long)
