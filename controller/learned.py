@@ -12,9 +12,13 @@ on the bench it stopped drafting on noisy early steps and cost more than it save
 does the same from what the request has *measured*: step times and tokens per step against the plain step.
 
 Online calibration (``online``, on by default): the predictor's outputs pass through a per-request
-Platt-style correction (``predictor.online``) refitted after every step to what the step revealed, the
-accepted length and the tried count (``StepOutcome``), shrunk toward the global model; the corrected
-probabilities value the next step's tree. ``online=None`` uses the global predictor as it is.
+Platt-style correction (``predictor.online``) refitted after every step to what the step revealed: each
+tried node (its parent accepted) labelled by whether it is on the accepted path (``StepOutcome.path``), the
+labels of ``replay_online(labels="exact")``, shrunk toward the global model; the corrected probabilities
+value the next step's tree. ``online=None`` uses the global predictor as it is.
+
+With a predictor that takes encoded rows (``controller.features``) each level's features are written
+straight into its input matrix, without a dict of columns per level.
 """
 
 from __future__ import annotations
@@ -30,9 +34,10 @@ import torch
 from decoder import Candidates, Frontier, LevelPlan, RequestInfo, StepOutcome
 from decoder.paths import data_dir
 from predictor.derived import RequestFeatures
-from predictor.online import OnlineCalibrator, OnlineConfig, infer_step_labels
+from predictor.online import OnlineCalibrator, OnlineConfig
 
 from .budgets import BudgetsFile, DomainBudget, load_budgets
+from .features import FeatureRows
 from .guard import PayoffGuard
 from .latency import LatencyProfile
 
@@ -63,6 +68,38 @@ class _Level:
     keep: np.ndarray
 
 
+@dataclass(frozen=True)
+class TriedNodes:
+    """One step's tried nodes (verified, their parent accepted): the global prediction of each and whether
+    the target accepted it."""
+
+    raw: list[float]
+    accepted: list[float]  # 1.0 on the accepted path, else 0.0
+
+
+def tried_nodes(levels: list[tuple[np.ndarray, np.ndarray, np.ndarray]], outcome: StepOutcome) -> TriedNodes | None:
+    """The step's tried nodes from ``outcome.path``. ``levels``: per drafted level, the candidates' raw
+    predictions, parents (candidate index in the step, -1 for the root) and keep mask. None when the
+    decoder verified another tree than the one kept (a cut): nothing to learn from it.
+
+    Plain Python: a step has a dozen or two candidates, where each numpy call would cost more than the loop.
+    """
+    accepted = {0, *outcome.path}  # tree indices; the root is accepted
+    tree_of: dict[int, int] = {}  # candidate index -> tree index (kept candidates in candidate order: 1, 2, ...)
+    raw: list[float] = []
+    label: list[float] = []
+    cand = 0
+    for values, parents, keep in levels:
+        for value, parent, kept in zip(values.tolist(), parents.tolist(), keep.tolist(), strict=True):
+            if kept:
+                tree_of[cand] = len(tree_of) + 1
+                if (tree_of.get(parent, -1) if parent >= 0 else 0) in accepted:
+                    raw.append(value)
+                    label.append(1.0 if tree_of[cand] in accepted else 0.0)
+            cand += 1
+    return TriedNodes(raw, label) if len(tree_of) == outcome.verified else None
+
+
 @dataclass
 class LearnedTree:
     predictor: AcceptanceModel
@@ -84,6 +121,9 @@ class LearnedTree:
     _step: list[_Level] = field(default_factory=list, init=False, repr=False)  # this step's levels so far
     _domain_column: tuple[object, type] = field(default=("unknown", object), init=False, repr=False)  # value, dtype
     _names: list[str] = field(default_factory=list, init=False, repr=False)  # the predictor's features
+    _rows: FeatureRows | None = field(default=None, init=False, repr=False)  # None: the dict path
+    _target: list[float] = field(default_factory=list, init=False, repr=False)  # target ms by verified nodes
+    _draft: list[float] = field(default_factory=list, init=False, repr=False)  # draft ms by fed nodes
 
     def __post_init__(self) -> None:
         if self.online is not None:
@@ -125,6 +165,13 @@ class LearnedTree:
             self._domain_column = (float(known) if known >= 0 else float("nan"), np.float64)
         self._root_value = None
         self._names = list(self.predictor.feature_names)  # a property that builds a list on every call
+        self._rows = FeatureRows(self.predictor, self.domain) if FeatureRows.supports(self.predictor) else None
+        # The latency profile at every size this request can ask for, as plain lists: looked up dozens of
+        # times a step.
+        sizes = range(self.budget.node_budget + self.budget.max_width + 2)
+        lat = self.latency
+        self._target = [lat.target_time(n) for n in sizes] if lat is not None else []
+        self._draft = [lat.draft_time(n) for n in sizes] if lat is not None else []
         self._context.start()
         self._calibrator.reset()
         self._step = []
@@ -152,19 +199,10 @@ class LearnedTree:
             self._update_correction(outcome)
 
     def _update_correction(self, outcome: StepOutcome) -> None:
-        """Refit the request's correction to the step's verified nodes (expected labels from the counts)."""
-        keep = np.concatenate([lv.keep for lv in self._step])
-        if int(keep.sum()) != outcome.verified:
-            return  # the tree is not the one this policy planned (a decoder cut): learn nothing from it
-        parent = np.concatenate([lv.parent for lv in self._step])
-        local = np.cumsum(keep) - 1  # index among the kept nodes
-        kept_parent = parent[keep]
-        parent_local = np.where(kept_parent >= 0, local[np.maximum(kept_parent, 0)], -1)
-        raw = np.concatenate([lv.raw for lv in self._step])[keep]
-        labels = infer_step_labels(parent_local, self._calibrator(raw), outcome.accepted, outcome.tried)
-        if labels is not None:
-            m = labels.weight > 0
-            self._calibrator.update(raw[m], labels.label[m], labels.weight[m])
+        """Refit the request's correction to the step's tried nodes, labelled by the accepted path."""
+        tried = tried_nodes([(lv.raw, lv.parent, lv.keep) for lv in self._step], outcome)
+        if tried is not None:
+            self._calibrator.update(tried.raw, tried.accepted)
 
     # -- rules -------------------------------------------------------------------------------------
 
@@ -172,31 +210,39 @@ class LearnedTree:
         """Milliseconds expressed in expected tokens at this step's current rate (gain / time)."""
         if self.latency is None:
             return 0.0
-        step_ms = self._draft_ms + self.latency.target_time(self._nodes + 1)
+        step_ms = self._draft_ms + self._target_ms(self._nodes + 1)
         return self.budget.cost_scale * ms * self._gain / step_ms
+
+    def _target_ms(self, n: int) -> float:
+        return self._target[n] if n < len(self._target) else self.latency.target_time(n)  # type: ignore[union-attr]
+
+    def _draft_time(self, n: int) -> float:
+        return self._draft[n] if n < len(self._draft) else self.latency.draft_time(n)  # type: ignore[union-attr]
 
     def _plan_root(self, frontier: Frontier) -> LevelPlan:
         self._values, self._gain, self._nodes = [], 1.0, 0
         self._step = []
         self._context.begin_step()
-        self._draft_ms = self.latency.draft_time(1) if self.latency is not None else 0.0
+        self._draft_ms = self._draft_time(1) if self.latency is not None else 0.0
         # The predictor's own recent view of the best root child; before any, the request's running acceptance.
         rate = frontier.running_accept_rate
         est = self._root_value if self._root_value is not None else PRIOR_ACCEPTANCE if rate != rate else rate
         probe = frontier.step % self.probe_every == 0
-        verify_ms = self.latency.target_time(2) - self.latency.target_time(1) if self.latency else 0.0
+        verify_ms = self._target_ms(2) - self._target_ms(1) if self.latency is not None else 0.0
         worth = est >= self._cost(self._draft_ms + verify_ms)
         allowed = self.guard.allow() if self.guard is not None else True
         return LevelPlan.uniform(1, self.budget.max_width if (worth or probe) and allowed else 0)
 
     def _values_of(self, frontier: Frontier) -> np.ndarray:
-        feats = frontier.numeric_features()  # categoricals as integer codes: no object arrays per level
-        value, dtype = self._domain_column
-        feats["domain"] = np.full(frontier.size, value, dtype=dtype)
         parents = frontier.parent.numpy()
-        self._context.add(feats, parents)
-        raw = np.asarray(self.predictor.predict_batch({n: feats[n] for n in self._names}),
-                         dtype=np.float64)
+        if self._rows is not None:  # rows written straight into the predictor's matrix
+            raw = self._rows.predict(frontier, self._context, parents)
+        else:
+            feats = frontier.numeric_features()  # categoricals as integer codes: no object arrays per level
+            value, dtype = self._domain_column
+            feats["domain"] = np.full(frontier.size, value, dtype=dtype)
+            self._context.add(feats, parents)
+            raw = np.asarray(self.predictor.predict_batch({n: feats[n] for n in self._names}), dtype=np.float64)
         p = self._calibrator(raw) if self.online is not None else raw
         self._step.append(_Level(raw, parents, np.zeros(len(raw), dtype=bool)))
         if frontier.depth == 1:
@@ -209,12 +255,13 @@ class LearnedTree:
     def _keep(self, value: np.ndarray) -> np.ndarray:
         """Best value first while it clears the threshold, fits the node budget and pays for its verify cost."""
         keep = np.zeros(value.shape[0], dtype=bool)
-        lat = self.latency
-        for i in np.argsort(-value, kind="stable"):
-            v = float(value[i])
-            if self._nodes >= self.budget.node_budget or v < self.budget.threshold:
+        timed = self.latency is not None
+        cap, threshold, values = self.budget.node_budget, self.budget.threshold, value.tolist()
+        for i in np.argsort(-value, kind="stable").tolist():
+            v = values[i]
+            if self._nodes >= cap or v < threshold:
                 break
-            if lat is not None and v < self._cost(lat.target_time(self._nodes + 2) - lat.target_time(self._nodes + 1)):
+            if timed and v < self._cost(self._target_ms(self._nodes + 2) - self._target_ms(self._nodes + 1)):
                 break
             keep[i] = True
             self._gain += v
@@ -232,7 +279,7 @@ class LearnedTree:
         n = int(want.sum())
         if n == 0:
             return children
-        level_ms = self.latency.draft_time(n) if self.latency is not None else 0.0
+        level_ms = self._draft_time(n) if self.latency is not None else 0.0
         if float((value[want] * est).sum()) < self._cost(level_ms):
             return children
         self._draft_ms += level_ms

@@ -23,9 +23,9 @@ import torch
 from decoder import Candidates, Frontier, LevelPlan, RequestInfo, StepOutcome
 from decoder.paths import data_dir
 from predictor.derived import RequestFeatures
-from predictor.online import OnlineCalibrator, OnlineConfig, infer_step_labels
+from predictor.online import OnlineCalibrator, OnlineConfig
 
-from .learned import AcceptanceModel
+from .learned import AcceptanceModel, tried_nodes
 from .policies import ConfidenceTree
 
 
@@ -115,16 +115,10 @@ class LearnedRerank:
         self._parent.append(parent)
 
     def _update_correction(self, outcome: StepOutcome) -> None:
-        """Refit the request's correction to the verified nodes (LearnedTree's rule: expected labels from the
-        step's accepted length and tried count)."""
-        keep = self._kept
-        if keep is None or int(keep.sum()) != outcome.verified:
-            return  # the decoder verified another tree (a cut): learn nothing from it
-        local = np.cumsum(keep) - 1  # index among the kept nodes
-        kept_parent = np.concatenate(self._parent)[keep]
-        parent_local = np.where(kept_parent >= 0, local[np.maximum(kept_parent, 0)], -1)
-        raw = np.concatenate(self._raw)[keep]
-        labels = infer_step_labels(parent_local, self._calibrator(raw), outcome.accepted, outcome.tried)
-        if labels is not None:
-            m = labels.weight > 0
-            self._calibrator.update(raw[m], labels.label[m], labels.weight[m])
+        """Refit the request's correction to the step's tried nodes, labelled by the accepted path (as
+        LearnedTree does)."""
+        if self._kept is None:
+            return
+        tried = tried_nodes([(np.concatenate(self._raw), np.concatenate(self._parent), self._kept)], outcome)
+        if tried is not None:
+            self._calibrator.update(tried.raw, tried.accepted)

@@ -148,6 +148,7 @@ class StepOutcome:
     verified: int  # tree nodes sent to the target, root excluded
     accepted: int  # draft tokens accepted
     tried: int  # verified nodes whose parent was accepted
+    path: tuple[int, ...] = ()  # tree indices of the accepted nodes, root (0) excluded, in order
 
 
 @runtime_checkable

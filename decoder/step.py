@@ -105,7 +105,7 @@ class StepCore:
             run.stream(emitted)
         on_path = set(acc.path)
         tried = sum(1 for parent in dr.tree.parents[1:].tolist() if parent in on_path)
-        run.policy.observe(StepOutcome(ctx.step, dr.tree.size - 1, acc.accepted, tried))
+        run.policy.observe(StepOutcome(ctx.step, dr.tree.size - 1, acc.accepted, tried, tuple(acc.path[1:])))
         req.tried, req.accepted, req.prev_accepted = req.tried + tried, req.accepted + acc.accepted, acc.accepted
         return emitted, rows
 

@@ -100,43 +100,59 @@ def derived_columns(columns: Mapping[str, np.ndarray], request: np.ndarray, cond
 class RequestFeatures:
     """The derived features while decoding one request: call ``start`` per request, ``begin_step`` at a
     step's root, ``add`` for each level's features (fills the derived columns in place) and ``observe``
-    after each verified step (a step that drafted nothing is observed as 0 accepted, 0 tried)."""
+    after each verified step (a step that drafted nothing is observed as 0 accepted, 0 tried).
 
-    _recent_accepted: float = math.nan
-    _recent_rate: float = math.nan
-    _margin: list[np.ndarray] = field(default_factory=list, repr=False)  # this step's candidates, by level
-    _entropy: list[np.ndarray] = field(default_factory=list, repr=False)
+    A caller that fills its own rows uses ``recent_accepted`` / ``recent_rate``, ``parent_values`` and
+    ``push`` instead of ``add`` (``controller.features``): the same numbers without the dict.
+    """
+
+    recent_accepted: float = math.nan
+    recent_rate: float = math.nan
+    _margin: np.ndarray = field(default_factory=lambda: np.zeros(256, dtype=np.float32), repr=False)
+    _entropy: np.ndarray = field(default_factory=lambda: np.zeros(256, dtype=np.float32), repr=False)
+    _count: int = field(default=0, repr=False)  # this step's candidates pushed so far
 
     def start(self) -> None:
-        self._recent_accepted = self._recent_rate = math.nan
+        self.recent_accepted = self.recent_rate = math.nan
         self.begin_step()
 
     def begin_step(self) -> None:
-        self._margin, self._entropy = [], []
+        self._count = 0
+
+    def parent_values(self, parent: np.ndarray) -> dict[str, np.ndarray]:
+        """``parent_margin`` and ``parent_entropy`` ([m] float32, NaN under the root) of each candidate;
+        ``parent``: candidate index in the step, -1 for the root."""
+        if self._count == 0:
+            return {n: np.full(len(parent), np.nan, dtype=np.float32) for n in ("parent_margin", "parent_entropy")}
+        has = parent >= 0
+        idx = np.where(has, parent, 0)
+        return {"parent_margin": np.where(has, self._margin[idx], np.float32(np.nan)),
+                "parent_entropy": np.where(has, self._entropy[idx], np.float32(np.nan))}
+
+    def push(self, margin: np.ndarray, entropy: np.ndarray) -> None:
+        """Record one level's candidates (in candidate order) as the parents of the next level."""
+        end = self._count + len(margin)
+        if end > len(self._margin):
+            self._margin = np.resize(self._margin, 2 * end)
+            self._entropy = np.resize(self._entropy, 2 * end)
+        self._margin[self._count:end] = margin
+        self._entropy[self._count:end] = entropy
+        self._count = end
 
     def add(self, features: dict[str, np.ndarray], parent: np.ndarray) -> dict[str, np.ndarray]:
         """Add the derived columns to one level's features; ``parent``: candidate index in the step, -1 root."""
         m = len(parent)
-        features["recent_accepted"] = np.full(m, self._recent_accepted, dtype=np.float32)
-        features["recent_accept_rate"] = np.full(m, self._recent_rate, dtype=np.float32)
-        if self._margin:
-            margin, entropy = np.concatenate(self._margin), np.concatenate(self._entropy)
-            has = parent >= 0
-            idx = np.where(has, parent, 0)
-            features["parent_margin"] = np.where(has, margin[idx], np.nan).astype(np.float32)
-            features["parent_entropy"] = np.where(has, entropy[idx], np.nan).astype(np.float32)
-        else:
-            features["parent_margin"] = np.full(m, np.nan, dtype=np.float32)
-            features["parent_entropy"] = np.full(m, np.nan, dtype=np.float32)
-        self._margin.append(np.asarray(features["draft_margin"], dtype=np.float32))
-        self._entropy.append(np.asarray(features["draft_entropy"], dtype=np.float32))
+        features["recent_accepted"] = np.full(m, self.recent_accepted, dtype=np.float32)
+        features["recent_accept_rate"] = np.full(m, self.recent_rate, dtype=np.float32)
+        features |= self.parent_values(parent)
+        self.push(features["draft_margin"], features["draft_entropy"])
         return features
 
     def observe(self, accepted: int, tried: int) -> None:
         a = float(accepted)
-        self._recent_accepted = a if self._recent_accepted != self._recent_accepted else (
-            ALPHA * a + (1 - ALPHA) * self._recent_accepted)
+        self.recent_accepted = a if self.recent_accepted != self.recent_accepted else (
+            ALPHA * a + (1 - ALPHA) * self.recent_accepted)
         if tried > 0:
             r = a / tried
-            self._recent_rate = r if self._recent_rate != self._recent_rate else (
-                ALPHA * r + (1 - ALPHA) * self._recent_rate)
+            self.recent_rate = r if self.recent_rate != self.recent_rate else (
+                ALPHA * r + (1 - ALPHA) * self.recent_rate)

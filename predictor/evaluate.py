@@ -148,8 +148,8 @@ def evaluate(predictor: AcceptancePredictor, logs: pa.Table, ablation: bool = Fa
 
     The ablation uses the model's split, then ``ablation_seeds - 1`` fresh prompt splits of the same logs
     (seed + i), so a feature group's effect comes with its spread across splits. ``online``: also score
-    the predictor through the per-request correction, replaying each test request in order from the
-    step counts a policy sees (``predictor.replay``).
+    the predictor through the per-request correction, replaying each test request in order with each
+    tried node's label, what LearnedTree learns from the step's accepted path (``predictor.replay``).
     """
     every = select_rows(logs, predictor.config.split_by, untried=True)
     rows = every.subset(every.columns["tried"])
@@ -183,7 +183,7 @@ def _online(predictor: AcceptancePredictor, every: NodeRows, online: OnlineConfi
             labels: np.ndarray) -> ScoredMetrics:
     """The test requests replayed through the correction; scored on the same rows as the predictor."""
     sub = every.subset(_masks(predictor, every).test)
-    q = replay_online(sub, predictor.predict_rows(sub), online, "counts")
+    q = replay_online(sub, predictor.predict_rows(sub), online, "exact")  # the labels LearnedTree learns from
     return scored(q[sub.columns["tried"]], test, labels, note="per-request online correction, replayed in order")
 
 

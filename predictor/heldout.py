@@ -26,7 +26,9 @@ from predictor.online import OnlineConfig
 from predictor.replay import replay_online
 from predictor.sources import prompt_splits, source_groups
 
-PREDICTOR, ONLINE, ONLINE_EXACT = "predictor", "predictor+online", "predictor+online_exact_labels"
+# "predictor+online": replayed with each tried node's label, what LearnedTree learns from its accepted path;
+# "predictor+online_from_counts": with labels inferred from the step's two counts (``infer_step_labels``).
+PREDICTOR, ONLINE, ONLINE_COUNTS = "predictor", "predictor+online", "predictor+online_from_counts"
 
 
 @dataclass(frozen=True)
@@ -109,11 +111,12 @@ def _targets(scorers: dict[str, ScoredMetrics]) -> HeldoutTargets:
 
 
 def score_online(data: HeldoutData, fitted: CrossFit, online: OnlineConfig,
-                 exact: bool = True) -> dict[str, np.ndarray]:
-    """Predictions on every row: cross-fitted, and replayed through the correction (counts, exact labels)."""
-    out = {PREDICTOR: fitted.p, ONLINE: replay_online(data.rows, fitted.p, online, "counts")}
-    if exact:
-        out[ONLINE_EXACT] = replay_online(data.rows, fitted.p, online, "exact")
+                 counts: bool = True) -> dict[str, np.ndarray]:
+    """Predictions on every row: cross-fitted, and replayed through the correction (labels, and labels
+    inferred from counts)."""
+    out = {PREDICTOR: fitted.p, ONLINE: replay_online(data.rows, fitted.p, online, "exact")}
+    if counts:
+        out[ONLINE_COUNTS] = replay_online(data.rows, fitted.p, online, "counts")
     return out
 
 
@@ -157,7 +160,7 @@ def _split_scores(data: HeldoutData, preds: dict[str, np.ndarray], labels: np.nd
 
 
 def _grid_row(data: HeldoutData, fitted: CrossFit, online: OnlineConfig, labels: np.ndarray) -> dict[str, Any]:
-    p = replay_online(data.rows, fitted.p, online, "counts")
+    p = replay_online(data.rows, fitted.p, online, "exact")
     scores = _split_scores(data, {ONLINE: p}, labels)
     return {"prior_offset": online.prior_offset, "prior_slope": online.prior_slope,
             **{name: s[ONLINE] for name, s in scores.items()}}

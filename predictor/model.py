@@ -98,8 +98,13 @@ class AcceptancePredictor:
         if n > self._buffer.shape[0]:
             self._buffer = np.empty((n, self._buffer.shape[1]), dtype=np.float64)
         self._encode_into(features, n)
-        p = self.forest.predict_prefix(self._buffer, n) if self.forest is not None else self.predict_raw(
-            self._buffer[:n])
+        return self.predict_prefix(self._buffer, n)
+
+    def predict_prefix(self, x: np.ndarray, n: int) -> np.ndarray:
+        """Probabilities for the first ``n`` rows of an encoded float64 matrix: columns in ``feature_names``
+        order, categoricals as their ``category_code``. A caller that keeps one C-contiguous matrix per
+        request (``controller.features``) skips building a dict of columns per call."""
+        p = self.forest.predict_prefix(x, n) if self.forest is not None else self.predict_raw(x[:n])
         return self.calibrator(p) if self.calibrator is not None else p
 
     def _encode_into(self, features: Mapping[str, np.ndarray], n: int) -> None:

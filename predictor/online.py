@@ -1,31 +1,35 @@
-"""Online calibration per request: a Platt-style correction of the predictor, refitted after every step.
+"""Online calibration per request: a Platt-style correction of the predictor, updated after every step.
 
 The corrected probability is ``sigmoid(offset + slope * logit(p))`` where ``p`` is the global predictor's
-output. After each verified step the correction is refitted, by a few Newton steps from its current
-value, to every (p, label) pair the request has produced so far, under a Gaussian prior centred on the
-identity (offset 0, slope 1): ``prior_offset`` and ``prior_slope`` are the prior's precisions, in the
-units of the log-likelihood's curvature (one row at p = 0.5 adds 0.25 to the offset's curvature). So a
-request starts at the global model and moves away from it only as far as its own evidence outweighs
-the prior; a calibrated predictor's evidence averages out and the correction stays near the identity.
+output. The correction starts at a Gaussian prior centred on the identity (offset 0, slope 1):
+``prior_offset`` and ``prior_slope`` are the prior's precisions, in the units of the log-likelihood's
+curvature (one row at p = 0.5 adds 0.25 to the offset's curvature). After each verified step it takes in
+the step's (p, label) pairs by a Bayesian filtering update (``OnlineCalibrator``), so a request moves
+away from the global model only as far as its own evidence outweighs the prior; a calibrated predictor's
+evidence averages out and the correction stays near the identity.
 
-Labels: replaying logs gives each verified node's accept label. A policy only learns the step's
-accepted length and how many verified nodes had an accepted parent (``decoder.StepOutcome``), so
-``infer_step_labels`` turns those two counts into expected labels: the accepted path ends at a node of
-depth ``accepted`` (the root when 0), each such path is weighted by the (corrected) predictions along
-it and by the chance that none of its end's children was accepted, and paths whose tried count differs
-from the observed one get no weight. Siblings are mutually exclusive (the target has one argmax per
-parent), so a node's expected label is the posterior chance that it is on the path, given that its
-parent is; the row's weight is the posterior chance that its parent is on the path.
-"""
+Labels: every tried node (verified, its parent accepted) is labelled by whether the target accepted it.
+LearnedTree reads them off the step's accepted path (``decoder.StepOutcome.path``), and replaying logs
+reads them from the node log (``replay_online(labels="exact")``). A policy that only keeps the step's
+counts, the accepted length and how many verified nodes had an accepted parent, can turn them into
+expected labels with ``infer_step_labels``: the accepted path ends at a node of depth ``accepted`` (the
+root when 0), each such path is weighted by the (corrected) predictions along it and by the chance that
+none of its end's children was accepted, and paths whose tried count differs from the observed one get
+no weight. Siblings are mutually exclusive (the target has one argmax per parent), so a node's expected
+label is the posterior chance that it is on the path, given that its parent is; the row's weight is the
+posterior chance that its parent is on the path."""
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 _CLIP = 1e-4
+_SMALL = 32  # up to this many values, float arithmetic beats numpy's per-call cost
 SLOPE_RANGE = (0.1, 10.0)  # a slope at or below 0 would invert the predictor's ranking
 
 
@@ -36,8 +40,7 @@ class OnlineConfig(BaseModel):
 
     prior_offset: float = Field(8.0, gt=0)  # precision of the prior on the offset
     prior_slope: float = Field(8.0, gt=0)  # precision of the prior on the slope
-    iterations: int = Field(2, ge=1)  # Newton steps per update (warm-started)
-    max_rows: int = Field(4096, ge=1)  # history kept per request; older rows are dropped
+    iterations: int = Field(2, ge=1)  # Newton steps per update (from the posterior so far)
 
 
 def logit(p: np.ndarray) -> np.ndarray:
@@ -51,61 +54,79 @@ def _sigmoid(x: np.ndarray) -> np.ndarray:
 
 @dataclass
 class OnlineCalibrator:
-    """One request's correction; ``reset`` at the start of each request, ``update`` after each step."""
+    """One request's correction; ``reset`` at the start of each request, ``update`` after each step.
+
+    Fitted as a Bayesian logistic regression filtered step by step (assumed-density filtering): the
+    posterior over (offset, slope) is kept as a Gaussian, its mean and its 2 x 2 precision; each update
+    takes ``iterations`` Newton steps on the new rows' log-likelihood under that Gaussian, then adds the
+    new rows' curvature to the precision. The first update starts from the prior, so a request's
+    evidence accumulates exactly as in a refit over its whole history up to the Gaussian approximation of
+    the earlier steps, but an update costs only its own few rows: plain float arithmetic, no vector ops,
+    about a dozen microseconds for a step of eight tried nodes on this project's CPU.
+    """
 
     config: OnlineConfig = field(default_factory=OnlineConfig)
     offset: float = 0.0
     slope: float = 1.0
-    _z: list[np.ndarray] = field(default_factory=list, repr=False)
-    _y: list[np.ndarray] = field(default_factory=list, repr=False)
-    _w: list[np.ndarray] = field(default_factory=list, repr=False)
+    _precision: tuple[float, float, float] = (0.0, 0.0, 0.0)  # (aa, ab, bb); set by reset
     _rows: int = field(default=0, repr=False)
 
+    def __post_init__(self) -> None:
+        self.reset()
+
     def reset(self) -> None:
-        self.offset, self.slope = 0.0, 1.0
-        self._z, self._y, self._w, self._rows = [], [], [], 0
+        self.offset, self.slope, self._rows = 0.0, 1.0, 0
+        self._precision = (self.config.prior_offset, 0.0, self.config.prior_slope)
 
     @property
     def rows(self) -> int:
-        """Rows of evidence held (weights summed are at most this)."""
+        """Rows of evidence taken in (weights summed are at most this)."""
         return self._rows
 
     def __call__(self, p: np.ndarray) -> np.ndarray:
         """Corrected probabilities (the identity until the first update moves the parameters)."""
         if self.offset == 0.0 and self.slope == 1.0:
             return np.asarray(p, dtype=np.float64)
-        return _sigmoid(self.offset + self.slope * logit(p))
+        # sigmoid(a + b * logit(q)) = 1 / (1 + e^-a * ((1 - q) / q)^b); a frontier's few values in floats
+        scale, b, lo, hi = math.exp(-self.offset), self.slope, _CLIP, 1 - _CLIP
+        if len(p) <= _SMALL:
+            return np.asarray([1.0 / (1.0 + scale * ((1.0 - q) / q) ** b)
+                               for q in (min(max(v, lo), hi) for v in _floats(p))], dtype=np.float64)
+        q = np.clip(p, lo, hi)
+        return 1.0 / (1.0 + scale * ((1.0 - q) / q) ** b)
 
-    def update(self, p: np.ndarray, labels: np.ndarray, weights: np.ndarray | None = None) -> None:
-        """Add one step's rows (global predictions, labels in [0, 1], optional weights) and refit."""
-        p = np.asarray(p, dtype=np.float64)
-        if p.size == 0:
+    def update(self, p: Sequence[float] | np.ndarray, labels: Sequence[float] | np.ndarray,
+               weights: Sequence[float] | np.ndarray | None = None) -> None:
+        """Take in one step's rows (global predictions, labels in [0, 1], optional weights); plain lists are
+        taken as they are (a step's handful of rows costs less in floats than in vector operations)."""
+        if len(p) == 0:
             return
-        w = np.ones_like(p) if weights is None else np.asarray(weights, dtype=np.float64)
-        self._z.append(logit(p))
-        self._y.append(np.asarray(labels, dtype=np.float64))
-        self._w.append(w)
-        self._rows += p.size
-        while self._rows - self._z[0].size >= self.config.max_rows and len(self._z) > 1:
-            self._rows -= self._z.pop(0).size
-            self._y.pop(0)
-            self._w.pop(0)
-        self._refit(np.concatenate(self._z), np.concatenate(self._y), np.concatenate(self._w))
-
-    def _refit(self, z: np.ndarray, y: np.ndarray, w: np.ndarray) -> None:
-        """Newton steps on the penalised weighted log-likelihood (convex: the 2 x 2 Hessian is positive)."""
-        la, lb = self.config.prior_offset, self.config.prior_slope
-        a, b = self.offset, self.slope
+        lo, hi = _CLIP, 1 - _CLIP
+        z = [math.log(q / (1.0 - q)) for q in (min(max(float(v), lo), hi) for v in _floats(p))]
+        y = _floats(labels)
+        w = [1.0] * len(z) if weights is None else _floats(weights)
+        self._rows += len(z)
+        m0, m1 = self.offset, self.slope  # the prior of this update: the posterior so far
+        p00, p01, p11 = self._precision
+        a, b = m0, m1
         for _ in range(self.config.iterations):
-            q = _sigmoid(a + b * z)
-            r = w * (q - y)
-            h = w * q * (1 - q)
-            g0, g1 = r.sum() + la * a, (r * z).sum() + lb * (b - 1)
-            h00, h01, h11 = h.sum() + la, (h * z).sum(), (h * z * z).sum() + lb
+            g0, g1 = p00 * (a - m0) + p01 * (b - m1), p01 * (a - m0) + p11 * (b - m1)
+            h00, h01, h11 = p00, p01, p11
+            for zi, yi, wi in zip(z, y, w, strict=True):
+                t = a + b * zi
+                qi = 1.0 / (1.0 + math.exp(-t)) if t > -50.0 else 0.0
+                r, h = wi * (qi - yi), wi * qi * (1.0 - qi)
+                g0, g1 = g0 + r, g1 + r * zi
+                h00, h01, h11 = h00 + h, h01 + h * zi, h11 + h * zi * zi
             det = h00 * h11 - h01 * h01
             a -= (h11 * g0 - h01 * g1) / det
             b = min(max(b - (h00 * g1 - h01 * g0) / det, SLOPE_RANGE[0]), SLOPE_RANGE[1])
-        self.offset, self.slope = float(a), float(b)
+        self.offset, self.slope, self._precision = float(a), float(b), (h00, h01, h11)
+
+
+def _floats(values: Sequence[float] | np.ndarray) -> list[float]:
+    return np.asarray(values, dtype=np.float64).tolist() if isinstance(values, np.ndarray) else [
+        float(v) for v in values]
 
 
 @dataclass(frozen=True)

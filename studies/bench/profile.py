@@ -23,7 +23,7 @@ from studies.shared.measure import load_bench_decoder, select_prompts
 from studies.shared.suites import Prompt
 from studies.shared.treespec import build_tree
 
-# Display order; "predictor" is the part of "policy" spent in the predictor's predict_batch.
+# Display order; "predictor" is the part of "policy" spent in the predictor's predict_batch / predict_prefix.
 STAGES = ("draft_model", "target_model", "masks", "drafting", "policy", "predictor", "verify", "settle",
           "commit", "other")
 MODEL_STAGES = ("draft_model", "target_model")
@@ -58,7 +58,8 @@ class ProfileResult(BaseModel):
 
 
 class _TimedPredictor:
-    """Forwards to a predictor and adds up the time of its ``predict_batch`` calls."""
+    """Forwards to a predictor and adds up the time of its ``predict_batch`` calls (policies with predictors
+    take a timer in place of their own: the wrapper must not change which path they choose)."""
 
     def __init__(self, inner: object) -> None:
         self.inner, self.seconds, self.calls = inner, 0.0, 0
@@ -69,6 +70,17 @@ class _TimedPredictor:
     def predict_batch(self, features: Mapping[str, np.ndarray]) -> np.ndarray:
         t0 = time.perf_counter()
         out = self.inner.predict_batch(features)  # type: ignore[attr-defined]
+        self.seconds += time.perf_counter() - t0
+        self.calls += 1
+        return out
+
+
+class _TimedMatrixPredictor(_TimedPredictor):
+    """The same for a predictor that also scores encoded rows (``controller.features``): that path is timed."""
+
+    def predict_prefix(self, x: np.ndarray, n: int) -> np.ndarray:
+        t0 = time.perf_counter()
+        out = self.inner.predict_prefix(x, n)  # type: ignore[attr-defined]
         self.seconds += time.perf_counter() - t0
         self.calls += 1
         return out
@@ -88,7 +100,8 @@ def _rows(dec: TreeDecoder, cfg: ProfileConfig) -> dict[str, _Row]:
         policy = build_tree(spec)
         timer = None
         if hasattr(policy, "predictor"):
-            timer = _TimedPredictor(policy.predictor)
+            timed = _TimedMatrixPredictor if hasattr(policy.predictor, "predict_prefix") else _TimedPredictor
+            timer = timed(policy.predictor)
             policy.predictor = timer  # type: ignore[attr-defined]
         run = (lambda pol: lambda p: dec.generate(p.prompt, cfg.max_new_tokens, tree=pol, domain=p.domain,
                                                   prompt_id=p.id))(policy)

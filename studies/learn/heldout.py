@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 SCORER_KEYS = ("n", "auc", "log_loss", "brier", "ece")
-ONLINE_SCORERS = ("predictor", "predictor+online", "predictor+online_exact_labels")
+ONLINE_SCORERS = ("predictor", "predictor+online", "predictor+online_from_counts")
 
 
 def run_heldout(logs: list[Path], split_by: str, suite: Path, folds: int, config: Any, ablation: bool,
@@ -68,7 +68,7 @@ def _tables(report: dict[str, Any]) -> list[tuple[str, list[str], list[list[str]
                      for split, per in report["by_suite_split"].items() for name, m in per.items()]))
     if report.get("online_grid"):
         splits = [k for k in report["online_grid"][0] if k not in ("prior_offset", "prior_slope")]
-        out.append(("online correction grid (replayed from step counts)",
+        out.append(("online correction grid (replayed in request order, tried nodes with their labels)",
                     ["prior_offset", "prior_slope", *(f"{s} {k}" for s in splits for k in ("log_loss", "ece",
                                                                                          "max domain ece"))],
                     [[fmt(g["prior_offset"]), fmt(g["prior_slope"]),

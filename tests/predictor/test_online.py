@@ -113,10 +113,10 @@ def test_calibrator_weights_and_history_limit() -> None:
     a.update(p, np.array([1.0, 1.0, 0.0, 0.0]), np.array([1.0, 1.0, 0.0, 0.0]))  # zero weight: ignored
     b.update(p[:2], np.array([1.0, 1.0]))
     assert a.offset == pytest.approx(b.offset) and a.slope == pytest.approx(b.slope)
-    c = OnlineCalibrator(OnlineConfig(max_rows=8))
+    c = OnlineCalibrator()
     for _ in range(10):
         c.update(p, np.ones(4))
-    assert c.rows <= 8 + 4
+    assert c.rows == 40
 
 
 def _brute_force(parent: np.ndarray, p: np.ndarray, accepted: int, tried: int):
@@ -179,3 +179,13 @@ def test_inferred_labels_are_exact_when_the_counts_decide() -> None:
     np.testing.assert_array_equal(got.label, [1, 1, 0])
     np.testing.assert_array_equal(got.weight, [1, 1, 1])
     assert infer_step_labels(chain, np.full(3, 0.5), accepted=2, tried=5) is None  # counts that cannot happen
+
+
+@pytest.mark.parametrize("n", [1, 7, 32, 33, 200])
+def test_correction_is_sigmoid_of_offset_plus_slope_logit_at_every_size(n: int) -> None:
+    cal = OnlineCalibrator()
+    cal.offset, cal.slope = 0.7, 1.8
+    p = np.random.default_rng(n).uniform(0, 1, n)
+    p[0] = 0.0  # clipped, not a division by zero
+    want = 1 / (1 + np.exp(-(0.7 + 1.8 * logit(p))))
+    np.testing.assert_allclose(cal(p), want, rtol=1e-12, atol=1e-15)
