@@ -9,7 +9,7 @@ from conftest import make_model, write_suite
 
 from controller import BudgetsFile, DomainBudget, LearnedTree
 from decoder import TreeDecoder
-from studies.bench.profile import STAGES, _Row, _rows, _summary, _TimedPredictor, run_profile
+from studies.bench.profile import STAGES, _Row, _rows, _summary, _TimedMatrixPredictor, _TimedPredictor, run_profile
 from studies.shared.config import ProfileConfig
 
 
@@ -59,3 +59,14 @@ def test_predictor_time_is_split_out_of_the_policy(dec, tmp_path) -> None:
 def test_rows_wrap_only_policies_with_a_predictor(dec) -> None:
     rows = _rows(dec, ProfileConfig(trees={"static": "static:width=2,depth=2"}))
     assert rows["static"].timer is None
+
+
+def test_the_shipped_learned_tree_keeps_its_row_path_under_the_timer(dec) -> None:
+    """The timer wraps ``predict_prefix`` too: the policy still writes rows, and those calls are counted."""
+    assert isinstance(_rows(dec, ProfileConfig(trees={"learned": "learned"}))["learned"].timer, _TimedMatrixPredictor)
+    policy = LearnedTree.default()
+    timer = _TimedMatrixPredictor(policy.predictor)
+    policy.predictor = timer
+    dec.generate("hello tree", 16, tree=policy)
+    assert policy._rows is not None  # the row path, not the dict path
+    assert timer.calls > 0 and timer.seconds > 0
