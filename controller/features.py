@@ -18,7 +18,7 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from decoder import Frontier
+from decoder import Frontier, TreewiseError
 from decoder.nodelog import NUMPY_TYPES, TOKEN_TYPES
 from predictor.derived import DERIVED_COLUMNS, RequestFeatures
 
@@ -80,8 +80,16 @@ class FeatureRows:
         """True when every feature the model reads can be filled here (else the caller uses dicts)."""
         if not isinstance(model, MatrixAcceptanceModel):
             return False
-        known = {"domain", "token_type", *_ARRAYS, *_SCALARS, *_PARENT}
-        return set(model.feature_names) <= known
+        names = set(model.feature_names)
+        if not names <= {"domain", "token_type", *_ARRAYS, *_SCALARS, *_PARENT}:
+            return False
+        try:  # the two categoricals must have codes (a model that reads them as numbers keeps the dict path)
+            for name, value in (("domain", "unknown"), ("token_type", TOKEN_TYPES[0])):
+                if name in names:
+                    model.category_code(name, value)
+        except TreewiseError:
+            return False
+        return True
 
     def __post_init__(self) -> None:
         names = list(self.model.feature_names)

@@ -15,6 +15,7 @@ from decoder.nodelog import TOKEN_TYPES, read_node_logs
 from decoder.paths import data_dir
 from predictor import AcceptancePredictor
 from predictor.derived import RequestFeatures
+from predictor.features import FeatureSchemaError
 from predictor.online import OnlineCalibrator
 
 NOISE = 1.0
@@ -85,6 +86,19 @@ def test_a_model_reading_unknown_features_keeps_the_dict_path() -> None:
     assert not FeatureRows.supports(Odd())
 
 
+def test_a_model_reading_token_type_as_a_number_keeps_the_dict_path(shipped: AcceptancePredictor) -> None:
+    class Numeric(DictOnly):
+        def category_code(self, feature: str, value: str) -> int:
+            if feature == "token_type":
+                raise FeatureSchemaError("'token_type' is not a categorical feature")
+            return super().category_code(feature, value)
+
+        def predict_prefix(self, x: np.ndarray, n: int) -> np.ndarray:
+            return self.model.predict_prefix(x, n)
+
+    assert FeatureRows.supports(Matrix(shipped)) and not FeatureRows.supports(Numeric(shipped))
+
+
 class DictOnly:
     """The shipped predictor without ``predict_prefix``: LearnedTree must take the dict path."""
 
@@ -97,6 +111,11 @@ class DictOnly:
 
     def predict_batch(self, features: Mapping[str, np.ndarray]) -> np.ndarray:
         return self.model.predict_batch(features)
+
+
+class Matrix(DictOnly):
+    def predict_prefix(self, x: np.ndarray, n: int) -> np.ndarray:
+        return self.model.predict_prefix(x, n)
 
 
 class Recording(OnlineCalibrator):
