@@ -12,7 +12,7 @@ on the bench it stopped drafting on noisy early steps and cost more than it save
 does the same from what the request has *measured*: step times and tokens per step against the plain step.
 
 Online calibration (``online``, on by default): the predictor's outputs pass through a per-request
-Platt-style correction (``predictor.online``) refitted after every step to what the step revealed: each
+Platt-style correction (``predictor.online``) updated after every step with what the step revealed: each
 tried node (its parent accepted) labelled by whether it is on the accepted path (``StepOutcome.path``), the
 labels of ``replay_online(labels="exact")``, shrunk toward the global model; the corrected probabilities
 value the next step's tree. ``online=None`` uses the global predictor as it is.
@@ -199,7 +199,7 @@ class LearnedTree:
             self._update_correction(outcome)
 
     def _update_correction(self, outcome: StepOutcome) -> None:
-        """Refit the request's correction to the step's tried nodes, labelled by the accepted path."""
+        """Update the request's correction with the step's tried nodes, labelled by the accepted path."""
         tried = tried_nodes([(lv.raw, lv.parent, lv.keep) for lv in self._step], outcome)
         if tried is not None:
             self._calibrator.update(tried.raw, tried.accepted)

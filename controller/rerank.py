@@ -115,7 +115,7 @@ class LearnedRerank:
         self._parent.append(parent)
 
     def _update_correction(self, outcome: StepOutcome) -> None:
-        """Refit the request's correction to the step's tried nodes, labelled by the accepted path (as
+        """Update the request's correction with the step's tried nodes, labelled by the accepted path (as
         LearnedTree does)."""
         if self._kept is None:
             return
