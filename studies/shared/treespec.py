@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from controller import BudgetedTree, BudgetsFile, ConfidenceTree, DomainBudget, DynamicChain, LearnedTree
+from controller import BudgetedTree, BudgetsFile, ConfidenceTree, DomainBudget, DynamicChain, LearnedTree, load_budgets
 from decoder import Chain, NoDraft, StaticTree, TreePolicy, TreewiseError
 
 
@@ -172,10 +172,14 @@ def _dynamic_chain(**params: Any) -> TreePolicy:
     return DynamicChain(**_given(params))
 
 
-def _learned(online: bool | None = None, guard: bool | None = None, **params: Any) -> TreePolicy:
-    """The shipped LearnedTree; any budget field given overrides the budgets file for every domain;
-    ``online=false`` turns the per-request correction off, ``guard=true`` the measured fallback to plain on."""
+def _learned(online: bool | None = None, guard: bool | None = None, budgets: str | None = None,
+             **params: Any) -> TreePolicy:
+    """The shipped LearnedTree; ``budgets`` reads another budgets file (e.g. a ``treewise tune --family learned``
+    result); any budget field given overrides the budgets for every domain; ``online=false`` turns the
+    per-request correction off, ``guard=true`` the measured fallback to plain on."""
     policy = LearnedTree.default(online=online is not False, guard=guard is True)
+    if budgets is not None:
+        policy.budgets = load_budgets(budgets)
     if given := _given(params):
         policy.budgets = BudgetsFile(default=DomainBudget(policy="learned", **given))
     return policy
@@ -201,7 +205,8 @@ register_tree_kind(TreeKind(
     {name: Param(kind, help=f"override the budgets' {name}") for name, kind in (
         ("node_budget", int), ("max_depth", int), ("max_width", int), ("threshold", float), ("cost_scale", float))}
     | {"online": Param(bool, help="per-request online correction of the predictor (default true)"),
-       "guard": Param(bool, help="plain steps where drafting measurably does not pay (default false)")},
+       "guard": Param(bool, help="plain steps where drafting measurably does not pay (default false)"),
+       "budgets": Param(str, help="budgets file to read instead of data/budgets.json")},
     help="LearnedTree with the shipped predictor, budgets (data/budgets.json) and latency profile",
 ))
 register_tree_kind(TreeKind(
