@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
@@ -84,3 +86,14 @@ def write_suite(tmp_path: Path) -> Path:
                  for i in range(2)]
         (d / f"{dom}.jsonl").write_text("\n".join(lines) + "\n")
     return d
+
+
+class DraftProb:
+    """A stand-in acceptance predictor: the draft's own probability of the token (what EAGLE-2 trusts)."""
+
+    def __init__(self, feature_names: tuple[str, ...] = ("draft_logprob", "depth")) -> None:
+        self.feature_names = list(feature_names)
+
+    def predict_batch(self, features: Mapping[str, np.ndarray]) -> np.ndarray:
+        return np.exp(features["draft_logprob"].astype(np.float64))
+

@@ -1,10 +1,8 @@
 """PayoffGuard's decisions on a scripted clock, and in LearnedTree / BudgetedTree on a real decode."""
 
-from collections.abc import Mapping
 
-import numpy as np
 import pytest
-from conftest import make_model
+from conftest import DraftProb, make_model
 
 from controller import BudgetedTree, BudgetsFile, DomainBudget, LatencyProfile, LearnedTree
 from controller.guard import PayoffGuard
@@ -110,12 +108,6 @@ def test_start_forgets_the_previous_request() -> None:
     guard.start()
     assert guard.pays and guard.allow()
 
-
-class DraftProb:
-    feature_names = ["draft_logprob", "depth"]
-
-    def predict_batch(self, features: Mapping[str, np.ndarray]) -> np.ndarray:
-        return np.exp(features["draft_logprob"].astype(np.float64))
 
 
 @pytest.fixture(scope="module")

@@ -1,23 +1,14 @@
 """``treewise profile``: stages that add up to the step, the predictor timed apart from its policy, JSON."""
 
 import json
-from collections.abc import Mapping
 
-import numpy as np
 import pytest
-from conftest import make_model, write_suite
+from conftest import DraftProb, make_model, write_suite
 
 from controller import BudgetsFile, DomainBudget, LearnedTree
 from decoder import TreeDecoder
 from studies.bench.profile import STAGES, _Row, _rows, _summary, _TimedMatrixPredictor, _TimedPredictor, run_profile
 from studies.shared.config import ProfileConfig
-
-
-class DraftProb:
-    feature_names = ["draft_logprob", "depth"]
-
-    def predict_batch(self, features: Mapping[str, np.ndarray]) -> np.ndarray:
-        return np.exp(features["draft_logprob"].astype(np.float64))
 
 
 @pytest.fixture(scope="module")

@@ -1,24 +1,13 @@
 """``treewise sweep``: every (policy, budget) row against plain decoding, the JSON contract, the target checks."""
 
 import json
-from collections.abc import Mapping
 
-import numpy as np
 import pytest
-from conftest import write_suite
+from conftest import DraftProb, write_suite
 from typer.testing import CliRunner
 
 from studies.bench.sweep_config import SweepConfig
 from studies.cli import app
-
-
-class DraftProb:
-    """A stand-in predictor: the draft's own probability of the token."""
-
-    feature_names = ["draft_logprob", "depth", "recent_accept_rate"]
-
-    def predict_batch(self, features: Mapping[str, np.ndarray]) -> np.ndarray:
-        return np.exp(features["draft_logprob"].astype(np.float64))
 
 
 def _check_contract(data: dict, budgets: list[int], policies: list[str]) -> None:
@@ -53,7 +42,7 @@ def test_run_sweep_json_contract(tokenizer, tmp_path) -> None:
 
     dec = TreeDecoder(make_model("llama", 0), make_model("llama", 1, layers=1), tokenizer)
     cfg = SweepConfig(suite=write_suite(tmp_path), per_domain=1, max_new_tokens=12, budgets=[8, 2, 2], repeats=2)
-    result = run_sweep(cfg, dec, predictor=DraftProb())
+    result = run_sweep(cfg, dec, predictor=DraftProb(("draft_logprob", "depth", "recent_accept_rate")))
     again = SweepResult.model_validate_json(result.model_dump_json())
     assert again == result
     data = json.loads(result.model_dump_json())
