@@ -68,8 +68,11 @@ class _TimedPredictor:
         return getattr(self.inner, name)
 
     def predict_batch(self, features: Mapping[str, np.ndarray]) -> np.ndarray:
+        return self._timed(self.inner.predict_batch, features)  # type: ignore[attr-defined]
+
+    def _timed(self, call: Callable[..., np.ndarray], *args: object) -> np.ndarray:
         t0 = time.perf_counter()
-        out = self.inner.predict_batch(features)  # type: ignore[attr-defined]
+        out = call(*args)
         self.seconds += time.perf_counter() - t0
         self.calls += 1
         return out
@@ -79,11 +82,7 @@ class _TimedMatrixPredictor(_TimedPredictor):
     """The same for a predictor that also scores encoded rows (``controller.features``): that path is timed."""
 
     def predict_prefix(self, x: np.ndarray, n: int) -> np.ndarray:
-        t0 = time.perf_counter()
-        out = self.inner.predict_prefix(x, n)  # type: ignore[attr-defined]
-        self.seconds += time.perf_counter() - t0
-        self.calls += 1
-        return out
+        return self._timed(self.inner.predict_prefix, x, n)  # type: ignore[attr-defined]
 
 
 @dataclass
