@@ -48,10 +48,6 @@ def logit(p: np.ndarray) -> np.ndarray:
     return np.log(q / (1 - q))
 
 
-def _sigmoid(x: np.ndarray) -> np.ndarray:
-    return 1.0 / (1.0 + np.exp(-np.clip(x, -50.0, 50.0)))
-
-
 @dataclass
 class OnlineCalibrator:
     """One request's correction; ``reset`` at the start of each request, ``update`` after each step.
