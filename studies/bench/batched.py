@@ -2,7 +2,7 @@
 
 For each batch size the prompts are cut into batches of that size; every row (plain ``model.generate`` with
 left padding, then each tree policy through ``generate_batch``) decodes the same batches, interleaved batch
-by batch with the row order rotated each repeat. Every row's greedy output is checked against the target's
+by batch in a row order shuffled per batch and repeat. Every row's greedy output is checked against the target's
 solo greedy decoding of that prompt.
 """
 
@@ -17,6 +17,7 @@ import torch
 from pydantic import BaseModel
 
 from decoder import GenerationResult, TreeDecoder
+from studies.shared.measure import row_order
 from studies.shared.suites import Prompt
 from studies.shared.treespec import build_tree
 
@@ -74,8 +75,7 @@ def run_batch_bench(dec: TreeDecoder, prompts: list[Prompt], sizes: list[int], s
         for size in sizes:
             for start in range(0, len(prompts), size):
                 batch = prompts[start : start + size]
-                order = names[rep % len(names):] + names[: rep % len(names)]  # rotate: drift hits rows alike
-                for name in order:
+                for name in row_order(names, rep, start):  # shuffled per batch: drift and carry-over hit rows alike
                     t0 = time.perf_counter()
                     outs = batchers[name](batch)
                     elapsed = time.perf_counter() - t0

@@ -1,7 +1,7 @@
 """Tau per verified node at equal budgets: every sweep policy capped at each budget, against plain decoding.
 
 The rows run through the bench's timed machinery (``studies.shared.measure``): the same prompts, interleaved
-prompt by prompt with the row order rotated each repeat, every greedy output checked against plain decoding.
+prompt by prompt in a row order shuffled per prompt and repeat, every greedy output checked against plain decoding.
 Per (policy, budget) the result holds tau, verified and drafted nodes per step, tokens/s and mismatches,
 and, per learned policy and budget, its tau gain over the baseline (the confidence tree) against the target.
 """

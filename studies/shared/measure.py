@@ -1,13 +1,16 @@
 """Timed decoding rows side by side with plain target decoding: what bench and tune both measure.
 
-Every row decodes the same prompts, interleaved prompt by prompt (row order rotated each repeat) so drift
-in machine speed hits all rows alike. Greedy outputs of every row are checked against plain decoding.
+Every row decodes the same prompts, interleaved prompt by prompt so drift in machine speed hits all rows
+alike, in a row order shuffled afresh for every prompt and repeat (``row_order``): a row that always ran
+right after the same other row would inherit that row's warm or cold caches in every repeat (a rotation
+keeps each row's neighbours). Greedy outputs of every row are checked against plain decoding.
 ``studies.bench`` builds its rows (policies, HF assisted) on this; ``studies.tune`` measures budgets with it.
 """
 
 from __future__ import annotations
 
 import platform
+import random
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -91,17 +94,25 @@ def load_bench_decoder(cfg: BenchConfig) -> TreeDecoder:
     return TreeDecoder.from_pretrained(target_path, draft_path)
 
 
+def row_order(names: list[str], repeat: int, index: int, seed: int = 0) -> list[str]:
+    """The rows' order for one prompt of one repeat: a seeded shuffle, so over a run every row follows every
+    other about equally often (no row inherits one neighbour's cache state in every repeat) and a rerun
+    repeats the same order."""
+    order = list(names)
+    random.Random(f"{seed}:{repeat}:{index}").shuffle(order)
+    return order
+
+
 def measure(runners: dict[str, Runner], prompts: list[Prompt], repeats: int,
             on_progress: Callable[[], None] | None = None) -> _Runs:
-    """Interleave rows prompt by prompt; rotate the row order each repeat; one warm-up pass first."""
+    """Interleave rows prompt by prompt in a shuffled order (``row_order``); one warm-up pass first."""
     names = list(runners)
     for name in names:
         runners[name](prompts[0])
     runs = _Runs()
     for r in range(repeats):
-        order = names[r % len(names):] + names[: r % len(names)]
-        for p in prompts:
-            for name in order:
+        for i, p in enumerate(prompts):
+            for name in row_order(names, r, i):
                 runs.add(name, p.id, runners[name](p))
             if on_progress is not None:
                 on_progress()
