@@ -15,7 +15,9 @@ Online calibration (``online``, on by default): the predictor's outputs pass thr
 Platt-style correction (``predictor.online``) updated after every step with what the step revealed: each
 tried node (its parent accepted) labelled by whether it is on the accepted path (``StepOutcome.path``), the
 labels of ``replay_online(labels="exact")``, shrunk toward the global model; the corrected probabilities
-value the next step's tree. ``online=None`` uses the global predictor as it is.
+value the next step's tree once the request's evidence against the global model reaches the correction's
+gate (``OnlineConfig.gate``; until then the global predictions value it). ``online=None`` uses the global
+predictor as it is.
 
 With a predictor that takes encoded rows (``controller.features``) each level's features are written
 straight into its input matrix, without a dict of columns per level.

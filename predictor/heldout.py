@@ -50,6 +50,7 @@ class HeldoutReport:
     online: OnlineConfig
     by_suite_split: dict[str, dict[str, Any]] = field(default_factory=dict)
     online_grid: list[dict[str, Any]] = field(default_factory=list)
+    online_gates: list[dict[str, Any]] = field(default_factory=list)  # the correction's gate, all rows scored
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -60,6 +61,7 @@ class HeldoutReport:
                         for k, v in vars(self.targets).items()},
             "by_suite_split": self.by_suite_split,
             "online_grid": self.online_grid,
+            "online_gates": self.online_gates,
         }
 
 
@@ -121,9 +123,11 @@ def score_online(data: HeldoutData, fitted: CrossFit, online: OnlineConfig,
 
 
 def evaluate_heldout(data: HeldoutData, config: PredictorConfig, online: OnlineConfig | None = None,
-                     grid: list[tuple[float, float]] | None = None) -> HeldoutReport:
+                     grid: list[tuple[float, float]] | None = None,
+                     gates: list[float] | None = None) -> HeldoutReport:
     """Cross-fit, replay and score (see the module docstring); ``grid``: (prior_offset, prior_slope) pairs
-    whose replays are scored per suite split (tune selects, the other splits check)."""
+    whose replays are scored per suite split (tune selects, the other splits check); ``gates``: values of
+    ``OnlineConfig.gate`` whose replays are scored on every row, overall and in the worst domain."""
     online = online or OnlineConfig()
     fitted = cross_fit(data.rows, data.folds, config)
     preds = score_online(data, fitted, online)
@@ -139,8 +143,9 @@ def evaluate_heldout(data: HeldoutData, config: PredictorConfig, online: OnlineC
     by_split = _split_scores(data, {k: preds[k] for k in (PREDICTOR, ONLINE)}, labels)
     grid_rows = [_grid_row(data, fitted, online.model_copy(update={"prior_offset": a, "prior_slope": b}), labels)
                  for a, b in (grid or [])]
+    gate_rows = [_gate_row(data, fitted, online.model_copy(update={"gate": g}), test, labels) for g in (gates or [])]
     return HeldoutReport(data.folds.kind, fitted.fold_info(), len(set(test.group.tolist())), scorers,
-                         _targets(scorers), online, by_split, grid_rows)
+                         _targets(scorers), online, by_split, grid_rows, gate_rows)
 
 
 def _split_scores(data: HeldoutData, preds: dict[str, np.ndarray], labels: np.ndarray) -> dict[str, dict[str, Any]]:
@@ -164,6 +169,14 @@ def _grid_row(data: HeldoutData, fitted: CrossFit, online: OnlineConfig, labels:
     scores = _split_scores(data, {ONLINE: p}, labels)
     return {"prior_offset": online.prior_offset, "prior_slope": online.prior_slope,
             **{name: s[ONLINE] for name, s in scores.items()}}
+
+
+def _gate_row(data: HeldoutData, fitted: CrossFit, online: OnlineConfig, test: NodeRows,
+              labels: np.ndarray) -> dict[str, Any]:
+    p = scored(replay_online(data.rows, fitted.p, online, "exact")[data.tried], test, labels)
+    worst = max(p.per_domain, key=lambda d: p.per_domain[d].ece)
+    return {"gate": online.gate, "auc": p.overall.auc, "log_loss": p.overall.log_loss, "ece": p.overall.ece,
+            "max_domain_ece": p.per_domain[worst].ece, "worst_domain": worst}
 
 
 @dataclass(frozen=True)

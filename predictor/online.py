@@ -41,6 +41,10 @@ class OnlineConfig(BaseModel):
     prior_offset: float = Field(8.0, gt=0)  # precision of the prior on the offset
     prior_slope: float = Field(8.0, gt=0)  # precision of the prior on the slope
     iterations: int = Field(2, ge=1)  # Newton steps per update (from the posterior so far)
+    slope_floor: float = Field(0.1, gt=0, le=1)  # the smallest slope the correction may take
+    # Apply the correction only once the request's evidence against the identity reaches this (``evidence``,
+    # chi^2 with 2 degrees of freedom: 6 is its 95 % point); 0 applies it from the first update.
+    gate: float = Field(6.0, ge=0)
 
 
 def logit(p: np.ndarray) -> np.ndarray:
@@ -79,9 +83,24 @@ class OnlineCalibrator:
         """Rows of evidence taken in (weights summed are at most this)."""
         return self._rows
 
+    @property
+    def evidence(self) -> float:
+        """How far the correction sits from the identity in its own posterior's units: the squared Mahalanobis
+        distance of (offset, slope - 1) under the posterior precision (chi^2 with 2 degrees of freedom)."""
+        d0, d1 = self.offset, self.slope - 1.0
+        p00, p01, p11 = self._precision
+        return p00 * d0 * d0 + 2.0 * p01 * d0 * d1 + p11 * d1 * d1
+
+    @property
+    def active(self) -> bool:
+        """Whether ``__call__`` corrects: the parameters have moved and their evidence has reached ``gate``."""
+        return not (self.offset == 0.0 and self.slope == 1.0) and (
+            self.config.gate <= 0.0 or self.evidence >= self.config.gate)
+
     def __call__(self, p: np.ndarray) -> np.ndarray:
-        """Corrected probabilities (the identity until the first update moves the parameters)."""
-        if self.offset == 0.0 and self.slope == 1.0:
+        """Corrected probabilities (the identity until the first update moves the parameters, and while the
+        evidence against the identity stays under ``gate``)."""
+        if not self.active:
             return np.asarray(p, dtype=np.float64)
         # sigmoid(a + b * logit(q)) = 1 / (1 + e^-a * ((1 - q) / q)^b); a frontier's few values in floats
         scale, b, lo, hi = math.exp(-self.offset), self.slope, _CLIP, 1 - _CLIP
@@ -103,6 +122,7 @@ class OnlineCalibrator:
         w = [1.0] * len(z) if weights is None else _floats(weights)
         self._rows += len(z)
         m0, m1 = self.offset, self.slope  # the prior of this update: the posterior so far
+        floor = max(self.config.slope_floor, SLOPE_RANGE[0])
         p00, p01, p11 = self._precision
         a, b = m0, m1
         for _ in range(self.config.iterations):
@@ -116,7 +136,7 @@ class OnlineCalibrator:
                 h00, h01, h11 = h00 + h, h01 + h * zi, h11 + h * zi * zi
             det = h00 * h11 - h01 * h01
             a -= (h11 * g0 - h01 * g1) / det
-            b = min(max(b - (h00 * g1 - h01 * g0) / det, SLOPE_RANGE[0]), SLOPE_RANGE[1])
+            b = min(max(b - (h00 * g1 - h01 * g0) / det, floor), SLOPE_RANGE[1])
         self.offset, self.slope, self._precision = float(a), float(b), (h00, h01, h11)
 
 

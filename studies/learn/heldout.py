@@ -23,7 +23,8 @@ def run_heldout(logs: list[Path], split_by: str, suite: Path, folds: int, config
 
     data = prepare(read_runs(logs), split_by, read_suite_sources(suite), k=folds, seed=config.seed)
     grid = [(a, b) for a in (2.0, 8.0, 32.0) for b in (2.0, 8.0, 32.0, 1e6)] if online_grid else None
-    report = evaluate_heldout(data, config, grid=grid).to_dict()
+    gates = [0.0, 2.0, 4.0, 6.0, 9.0] if online_grid else None
+    report = evaluate_heldout(data, config, grid=grid, gates=gates).to_dict()
     report = {"logs": [str(p) for p in logs], "suite": str(suite), "features": list(config.features)} | report
     if ablation:
         report["ablation"] = [_clean(vars(r)) for r in heldout_ablation(data, config, ablation_seeds)]
@@ -74,6 +75,10 @@ def _tables(report: dict[str, Any]) -> list[tuple[str, list[str], list[list[str]
                     [[fmt(g["prior_offset"]), fmt(g["prior_slope"]),
                       *(fmt(g[s][k]) for s in splits for k in ("log_loss", "ece", "max_domain_ece"))]
                      for g in report["online_grid"]]))
+    if report.get("online_gates"):
+        keys = ("auc", "log_loss", "ece", "max_domain_ece")
+        out.append(("online correction gate (every row, replayed in request order)", ["gate", *keys, "worst domain"],
+                    [[fmt(g["gate"]), *(fmt(g[k]) for k in keys), g["worst_domain"]] for g in report["online_gates"]]))
     if report.get("ablation"):
         keys = ("auc", "log_loss", "ece", "max_domain_ece", "delta_auc", "delta_auc_sd", "delta_log_loss",
                 "delta_log_loss_sd")

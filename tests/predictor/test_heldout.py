@@ -111,7 +111,7 @@ def test_leave_one_domain_out_treats_the_domain_as_unknown(logs: pa.Table) -> No
 def test_heldout_report_scores_predictor_online_and_baselines(logs: pa.Table, suite) -> None:
     data = prepare(logs, "source", suite)
     report = evaluate_heldout(data, PredictorConfig(features=FEATURES, num_boost_round=30), OnlineConfig(),
-                              grid=[(8.0, 8.0), (4.0, 32.0)])
+                              grid=[(8.0, 8.0), (4.0, 32.0)], gates=[0.0, 6.0])
     s = report.scorers
     assert {PREDICTOR, ONLINE, "draft_prob", "entropy", "domain_depth_table"} <= set(s)
     assert s[PREDICTOR].overall.n == s["draft_prob"].overall.n == int(data.tried.sum())
@@ -120,6 +120,11 @@ def test_heldout_report_scores_predictor_online_and_baselines(logs: pa.Table, su
     assert report.targets.auc_gain_over_draft_prob == pytest.approx(gain)
     assert set(report.by_suite_split) == {"train", "tune", "test"}
     assert [(g["prior_offset"], g["prior_slope"]) for g in report.online_grid] == [(8.0, 8.0), (4.0, 32.0)]
+    # the default gate's row scores exactly what the predictor+online scorer scores
+    assert [g["gate"] for g in report.online_gates] == [0.0, 6.0]
+    gated = report.online_gates[1]
+    assert gated["ece"] == pytest.approx(s[ONLINE].overall.ece) and gated["auc"] == pytest.approx(s[ONLINE].overall.auc)
+    assert gated["max_domain_ece"] == pytest.approx(max(m.ece for m in s[ONLINE].per_domain.values()))
     out = report.to_dict()
     assert out["split_by"] == "source" and len(out["folds"]) == 3
     json.dumps(out)  # JSON-ready

@@ -96,7 +96,7 @@ def test_correction_leaves_a_calibrated_predictor_alone(labels: str) -> None:
 
 
 def test_calibrator_starts_at_identity_and_resets() -> None:
-    cal = OnlineCalibrator()
+    cal = OnlineCalibrator(OnlineConfig(gate=0.0))
     p = np.array([0.1, 0.5, 0.9])
     np.testing.assert_array_equal(cal(p), p)
     cal.update(p, np.zeros(3))
@@ -183,9 +183,37 @@ def test_inferred_labels_are_exact_when_the_counts_decide() -> None:
 
 @pytest.mark.parametrize("n", [1, 7, 32, 33, 200])
 def test_correction_is_sigmoid_of_offset_plus_slope_logit_at_every_size(n: int) -> None:
-    cal = OnlineCalibrator()
+    cal = OnlineCalibrator(OnlineConfig(gate=0.0))
     cal.offset, cal.slope = 0.7, 1.8
     p = np.random.default_rng(n).uniform(0, 1, n)
     p[0] = 0.0  # clipped, not a division by zero
     want = 1 / (1 + np.exp(-(0.7 + 1.8 * logit(p))))
     np.testing.assert_allclose(cal(p), want, rtol=1e-12, atol=1e-15)
+
+
+def test_gate_applies_the_correction_only_on_enough_evidence() -> None:
+    """Under the default gate a few rejections leave the predictions alone; a run of them switches the
+    correction on, and the same evidence without a gate corrects from the first update."""
+    p = np.array([0.6, 0.7, 0.8])
+    gated, open_ = OnlineCalibrator(), OnlineCalibrator(OnlineConfig(gate=0.0))
+    for cal in (gated, open_):
+        cal.update(p, np.zeros(3))
+    assert gated.evidence < gated.config.gate and not gated.active
+    np.testing.assert_array_equal(gated(p), p)
+    assert open_.active and open_(p).mean() < p.mean() - 0.02
+    assert gated.offset == open_.offset and gated.slope == open_.slope  # the gate changes the use, not the fit
+    for _ in range(6):
+        gated.update(p, np.zeros(3))
+    assert gated.evidence >= gated.config.gate and gated.active
+    assert gated(p).mean() < p.mean() - 0.1
+
+
+def test_slope_floor_bounds_the_fitted_slope() -> None:
+    rng = np.random.default_rng(0)
+    p = rng.uniform(0.05, 0.95, 400)
+    y = (rng.random(400) < 0.5).astype(float)  # labels unrelated to p: the free fit flattens the slope
+    free, floored = OnlineCalibrator(OnlineConfig(gate=0.0)), OnlineCalibrator(OnlineConfig(gate=0.0, slope_floor=0.9))
+    for k in range(0, 400, 8):
+        free.update(p[k:k + 8], y[k:k + 8])
+        floored.update(p[k:k + 8], y[k:k + 8])
+    assert free.slope < 0.9 and floored.slope == pytest.approx(0.9)

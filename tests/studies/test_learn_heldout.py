@@ -52,6 +52,7 @@ def test_evaluate_split_by_source_and_domain(tmp_path: Path) -> None:
     assert {"code/reasoning-gym", "math/mt-bench"} <= {g for f in report["folds"] for g in f["held_out"]}
     assert {a["group"] for a in report["ablation"]} >= {"none", "-domain", "+prompt_len"}
     assert len(report["online_grid"]) == 12 and set(report["by_suite_split"]) == {"train", "tune", "test"}
+    assert [g["gate"] for g in report["online_gates"]] == [0.0, 2.0, 4.0, 6.0, 9.0]
     assert "| predictor+online |" in md.read_text()
     res = runner.invoke(_app(), ["evaluate", str(run), "--split-by", "domain", "--suite", str(suite), "--config",
                                  str(config), "--json", str(out)])
