@@ -109,7 +109,7 @@ def measure(runners: dict[str, Runner], prompts: list[Prompt], repeats: int,
     names = list(runners)
     for name in names:
         runners[name](prompts[0])
-    runs = _Runs()
+    runs = _Runs({name: {} for name in names})  # reports keep the rows' order, not the shuffle's
     for r in range(repeats):
         for i, p in enumerate(prompts):
             for name in row_order(names, r, i):

@@ -29,6 +29,7 @@ def test_measure_balances_which_row_runs_before_which() -> None:
     prompts = [Prompt(id=f"p{i}", domain="code", prompt="x") for i in range(24)]
     runs = measure({n: runner(n) for n in names}, prompts, repeats=2)
     assert all(len(runs.by_row[n][p.id]) == 2 for n in names for p in prompts)  # every row, prompt, repeat
+    assert list(runs.by_row) == names  # reports list the rows in their given order
     timed = calls[len(names):]  # after the warm-up pass
     follows = Counter(pairwise(timed))
     for a in names:
