@@ -41,7 +41,7 @@ class OnlineConfig(BaseModel):
     prior_offset: float = Field(8.0, gt=0)  # precision of the prior on the offset
     prior_slope: float = Field(8.0, gt=0)  # precision of the prior on the slope
     iterations: int = Field(2, ge=1)  # Newton steps per update (from the posterior so far)
-    slope_floor: float = Field(0.1, gt=0, le=1)  # the smallest slope the correction may take
+    slope_floor: float = Field(SLOPE_RANGE[0], ge=SLOPE_RANGE[0], le=1.0)  # the smallest slope it may take
     # Apply the correction only once the request's evidence against the identity reaches this (``evidence``,
     # chi^2 with 2 degrees of freedom: 6 is its 95 % point); 0 applies it from the first update.
     gate: float = Field(6.0, ge=0)
@@ -122,7 +122,7 @@ class OnlineCalibrator:
         w = [1.0] * len(z) if weights is None else _floats(weights)
         self._rows += len(z)
         m0, m1 = self.offset, self.slope  # the prior of this update: the posterior so far
-        floor = max(self.config.slope_floor, SLOPE_RANGE[0])
+        floor = self.config.slope_floor
         p00, p01, p11 = self._precision
         a, b = m0, m1
         for _ in range(self.config.iterations):

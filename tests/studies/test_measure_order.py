@@ -15,8 +15,8 @@ def test_row_order_is_a_seeded_permutation() -> None:
 
 
 def test_measure_balances_which_row_runs_before_which() -> None:
-    """Each ordered pair of rows occurs back to back; a rotation per repeat kept each row's predecessor fixed
-    (learned_no_online always followed learned), which made the earlier benches' A/B comparisons biased."""
+    """Each ordered pair of rows occurs back to back; the rotation per repeat it replaced kept each row's
+    predecessor fixed (learned_no_online always ran right after learned)."""
     calls: list[str] = []
 
     def runner(name: str):
