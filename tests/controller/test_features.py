@@ -16,7 +16,7 @@ from decoder.paths import data_dir
 from predictor import AcceptancePredictor
 from predictor.derived import RequestFeatures
 from predictor.features import FeatureSchemaError
-from predictor.online import OnlineCalibrator
+from predictor.online import OnlineCalibrator, OnlineConfig
 
 NOISE = 1.0
 
@@ -173,3 +173,23 @@ def test_learned_tree_decodes_the_same_trees_with_either_path(pair: TreeDecoder,
         np.testing.assert_array_equal(g, w)
     for (pa_, _), (pb, _) in zip(fast._calibrator.seen, slow._calibrator.seen, strict=True):
         np.testing.assert_array_equal(pa_, pb)
+
+
+def _steps(policy: LearnedTree, pair: TreeDecoder) -> list[tuple[int, int, int]]:
+    out = pair.generate("def f(x):", max_new_tokens=30, tree=policy, domain="code")
+    assert out.token_ids == pair.generate_plain("def f(x):", max_new_tokens=30).token_ids
+    return [(s.drafted, s.verified, s.accepted) for s in out.stats.steps]
+
+
+def test_the_gate_keeps_the_global_models_trees_until_the_evidence_reaches_it(pair: TreeDecoder, shipped) -> None:
+    """A gate the request never reaches decodes exactly the trees of no correction, while the correction keeps
+    learning; without a gate the same evidence reshapes the trees (the noisy draft makes the global model off)."""
+    budget = DomainBudget(node_budget=10, max_depth=4, max_width=3, threshold=0.001, cost_scale=0.0)
+
+    def policy(online: OnlineConfig | None) -> LearnedTree:
+        return LearnedTree(shipped, BudgetsFile(default=budget), online=online)
+
+    closed = policy(OnlineConfig(gate=1e9))
+    assert _steps(closed, pair) == _steps(policy(None), pair)
+    assert closed._calibrator.rows > 0 and closed._calibrator.evidence < 1e9 and not closed._calibrator.active
+    assert _steps(policy(OnlineConfig(gate=0.0)), pair) != _steps(policy(None), pair)
