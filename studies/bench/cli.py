@@ -51,6 +51,9 @@ def bench(
     only: Annotated[list[str] | None,
                     typer.Option(help="run only these tree rows (repeatable; plain always runs)")] = None,
     no_hf: Annotated[bool, typer.Option("--no-hf", help="skip the HF assisted-generation row")] = False,
+    pair: Annotated[list[str] | None, typer.Option(
+        help="A:B compares row A's tokens/s with row B's prompt by prompt, with a 95% bootstrap interval "
+             "(repeatable) [default: learned:learned_no_online]")] = None,
     batch_size: Annotated[list[int] | None, typer.Option(
         help="batched bench at these batch sizes (repeatable): tree rows via generate_batch against batched "
              "plain decoding (HF assisted generation has no batches)")] = None,
@@ -81,10 +84,14 @@ def bench(
         if unknown:
             raise typer.BadParameter(f"--only {unknown}: rows are {sorted(trees)}")
         trees = {name: specs for name, specs in trees.items() if name in only}
+    for item in pair or []:
+        a, colon, b = item.partition(":")
+        if not colon or not a or not b:
+            raise typer.BadParameter(f"--pair {item!r}: use A:B with two row names, e.g. learned:static")
     try:
         cfg = BenchConfig(suite=suite, split=split, domains=domain or None, per_domain=per_domain,
                           max_new_tokens=max_new_tokens, repeats=repeats, trees=trees, hf_assisted=not no_hf,
-                          target=target, draft=draft)
+                          target=target, draft=draft, pairs=pair or _B.pairs)
         prompts = select_prompts(cfg)
         dec = load_bench_decoder(cfg)
         with Progress(console=console, transient=True) as progress:

@@ -24,11 +24,12 @@ def _row(name: str, m: Metrics, spec: str | None = None) -> list[str]:
     return [name + (f" [dim]{spec}[/dim]" if spec else ""), _f(m.tau), _f(m.verified_per_step, "{:.1f}"),
             _f(m.drafted_per_step, "{:.1f}"), f"{m.tokens_per_s:.0f}",
             f"{m.speedup:.2f}x [dim]({lo:.2f}-{hi:.2f})[/dim]",
+            "-" if m.speedup_ci95 is None else "{:.2f}-{:.2f}".format(*m.speedup_ci95),
             _f(m.policy_ms_per_step, "{:.3f}"), _f(m.overhead_share, "{:.0%}"), mism]
 
 
 _COLUMNS = ["row", "tau", "verified/step", "drafted/step", "tokens/s", "speedup vs plain (min-max)",
-            "policy ms/step", "overhead", "mismatches"]
+            "95% interval", "policy ms/step", "overhead", "mismatches"]
 
 
 def bench_tables(result: BenchResult, per_domain: bool = True) -> list[Table]:
@@ -62,6 +63,10 @@ def print_bench(result: BenchResult, console: Console | None = None) -> None:
         console.print(t)
     for row, why in result.skipped.items():
         console.print(f"[yellow]skipped {row}:[/yellow] {why}")
+    for p in result.paired:
+        lo, hi = p.ci95
+        console.print(f"{p.a} vs {p.b}: {p.ratio:.3f}x tokens/s (95% bootstrap interval over {p.prompts} prompts: "
+                      f"{lo:.3f}-{hi:.3f})")
     hf = result.config
     console.print(f"[dim]hf_assisted: generate(assistant_model=draft), "
                   f"num_assistant_tokens={hf.hf_num_assistant_tokens}, "

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import torch
 import transformers
 from pydantic import BaseModel, Field
@@ -39,9 +40,21 @@ class Metrics(BaseModel):
     tokens_per_s_range: tuple[float, float]  # min, max over repeats
     speedup: float  # median over repeats of plain time / row time
     speedup_range: tuple[float, float]
+    # 95 % bootstrap interval over prompts of the speedup pooled over repeats (``paired_ratio``)
+    speedup_ci95: tuple[float, float] | None = None
     policy_ms_per_step: float | None  # controller overhead (policy + predictor)
     overhead_share: float | None  # share of step time outside model forwards
     mismatches: int  # prompts whose greedy output differs from plain decoding
+
+
+class PairedRatio(BaseModel):
+    """Row ``a``'s tokens/s over row ``b``'s on the same prompts, both rows' time summed over repeats."""
+
+    a: str
+    b: str
+    ratio: float  # pooled over every prompt and repeat; > 1: a is faster
+    ci95: tuple[float, float]  # 95 % bootstrap interval, prompts resampled with replacement
+    prompts: int
 
 
 class RowResult(Metrics):
@@ -53,6 +66,7 @@ class BenchResult(BaseModel):
     config: BenchConfig
     policies: dict[str, RowResult]
     skipped: dict[str, str] = Field(default_factory=dict)  # row -> why it could not run (e.g. no predictor)
+    paired: list[PairedRatio] = Field(default_factory=list)  # the config's pairs whose rows both ran
     environment: dict[str, str]
     wall_s: float
 
@@ -119,6 +133,30 @@ def measure(runners: dict[str, Runner], prompts: list[Prompt], repeats: int,
     return runs
 
 
+BOOTSTRAP_DRAWS = 2000
+
+
+def paired_ratio(tokens_a: np.ndarray, seconds_a: np.ndarray, tokens_b: np.ndarray, seconds_b: np.ndarray,
+                 draws: int = BOOTSTRAP_DRAWS, seed: int = 0) -> tuple[float, tuple[float, float]]:
+    """Pooled tokens/s of a over b ([n] per prompt each, the same prompts) and a seeded 95 % bootstrap interval
+    that resamples prompts: each draw keeps a prompt's two rows together, so what the machine did to that
+    prompt hits both sides."""
+    def ratio(idx: np.ndarray) -> np.ndarray:
+        return (tokens_a[idx].sum(-1) / seconds_a[idx].sum(-1)) / (tokens_b[idx].sum(-1) / seconds_b[idx].sum(-1))
+
+    n = len(tokens_a)
+    draws_idx = np.random.default_rng(seed).integers(0, n, size=(draws, n))
+    lo, hi = np.percentile(ratio(draws_idx), [2.5, 97.5])
+    return float(ratio(np.arange(n))), (float(lo), float(hi))
+
+
+def _per_prompt(runs: _Runs, row: str, ids: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """[n] tokens and [n] seconds per prompt, each summed over the repeats."""
+    res = runs.by_row[row]
+    tokens = np.asarray([sum(len(r.token_ids) for r in res[i]) for i in ids], dtype=np.float64)
+    return tokens, np.asarray([sum(r.stats.total_s for r in res[i]) for i in ids], dtype=np.float64)
+
+
 def _metrics(runs: _Runs, row: str, prompts: list[Prompt], repeats: int) -> Metrics:
     rows, plain = runs.by_row[row], runs.by_row[PLAIN]
     ids = [p.id for p in prompts]
@@ -137,6 +175,7 @@ def _metrics(runs: _Runs, row: str, prompts: list[Prompt], repeats: int) -> Metr
         drafted_per_step=sum(s.drafted for s in stats) / steps if tree_row and steps else None,
         tokens_per_s=statistics.median(tps), tokens_per_s_range=(min(tps), max(tps)),
         speedup=statistics.median(speed), speedup_range=(min(speed), max(speed)),
+        speedup_ci95=paired_ratio(*_per_prompt(runs, row, ids), *_per_prompt(runs, PLAIN, ids))[1],
         policy_ms_per_step=1000 * sum(s.policy_s for s in stats) / steps if tree_row and steps else None,
         overhead_share=_overhead(stats) if tree_row else None,
         mismatches=sum(rows[i][0].token_ids != plain[i][0].token_ids for i in ids),
@@ -153,13 +192,22 @@ def summarize(runs: _Runs, specs: dict[str, str], prompts: list[Prompt], cfg: Be
               wall_s: float, skipped: dict[str, str] | None = None) -> BenchResult:
     domains = sorted({p.domain for p in prompts})
     rows: dict[str, RowResult] = {}
+    chosen: dict[str, str] = {}  # row name -> the key of the candidate it reports
     for key in runs.by_row:
         overall = _metrics(runs, key, prompts, cfg.repeats)
         per = {d: _metrics(runs, key, [p for p in prompts if p.domain == d], cfg.repeats) for d in domains}
         name = key.split("@", 1)[0]
         cand = RowResult(**overall.model_dump(), spec=specs.get(key), per_domain=per)
         if name not in rows or cand.tokens_per_s > rows[name].tokens_per_s:
-            rows[name] = cand  # a multi-candidate row keeps its fastest candidate
+            rows[name], chosen[name] = cand, key  # a multi-candidate row keeps its fastest candidate
+    ids = [p.id for p in prompts]
+    paired = []
+    for pair in cfg.pairs:
+        a, _, b = pair.partition(":")
+        if a in chosen and b in chosen:
+            ratio, ci = paired_ratio(*_per_prompt(runs, chosen[a], ids), *_per_prompt(runs, chosen[b], ids))
+            paired.append(PairedRatio(a=a, b=b, ratio=ratio, ci95=ci, prompts=len(ids)))
     env = {"torch": torch.__version__, "transformers": transformers.__version__, "python": platform.python_version(),
            "threads": str(torch.get_num_threads()), "machine": platform.machine(), "processor": platform.processor()}
-    return BenchResult(config=cfg, policies=rows, environment=env, wall_s=wall_s, skipped=skipped or {})
+    return BenchResult(config=cfg, policies=rows, environment=env, wall_s=wall_s, skipped=skipped or {},
+                       paired=paired)

@@ -13,7 +13,7 @@ def test_bench_cli_json(tiny_pair_dir, tmp_path) -> None:
     res = CliRunner().invoke(app, [
         "bench", "--suite", str(write_suite(tmp_path)), "--split", "test", "--max-new-tokens", "12", "--repeats", "2",
         "--target", str(tiny_pair_dir / "target"), "--draft", str(tiny_pair_dir / "draft"), "--json", str(out),
-        "--tree", "wide=static:width=4,depth=2",
+        "--tree", "wide=static:width=4,depth=2", "--pair", "static:chain", "--pair", "static:no_such_row",
     ])
     assert res.exit_code == 0, res.output
     data = json.loads(out.read_text())
@@ -25,7 +25,11 @@ def test_bench_cli_json(tiny_pair_dir, tmp_path) -> None:
             assert key in row and key in row["per_domain"]["code"]
         assert row["mismatches"] == 0, name
         assert row["tokens_per_s"] > 0
-    assert data["policies"]["plain"]["speedup"] == 1.0
+    assert data["policies"]["plain"]["speedup"] == 1.0 and data["policies"]["plain"]["speedup_ci95"] == [1.0, 1.0]
+    lo, hi = data["policies"]["static"]["speedup_ci95"]
+    assert 0 < lo <= hi
+    assert [(p["a"], p["b"]) for p in data["paired"]] == [("static", "chain")]
+    assert data["paired"][0]["ci95"][0] <= data["paired"][0]["ci95"][1] and data["paired"][0]["prompts"] >= 1
     assert data["policies"]["static"]["spec"].startswith("static:")
     assert "hf_assisted" in res.output and "treewise bench" in res.output
 

@@ -1,9 +1,13 @@
-"""The bench's row order: shuffled per prompt and repeat, so no row always runs right after the same row."""
+"""The bench's measurement: rows shuffled per prompt and repeat (no row always runs right after the same row),
+and paired ratios with a bootstrap interval over prompts."""
 
 from collections import Counter
 from itertools import pairwise
 
-from studies.shared.measure import measure, row_order
+import numpy as np
+import pytest
+
+from studies.shared.measure import measure, paired_ratio, row_order
 from studies.shared.suites import Prompt
 
 
@@ -36,3 +40,15 @@ def test_measure_balances_which_row_runs_before_which() -> None:
         for b in names:
             if a != b:
                 assert follows[(a, b)] >= 5, (a, b, follows)
+
+
+def test_paired_ratio_pools_prompts_and_brackets_the_ratio() -> None:
+    tokens = np.full(40, 64.0)
+    slow = np.random.default_rng(1).uniform(0.5, 2.0, 40)  # prompts differ a lot; a is exactly twice as fast
+    ratio, (lo, hi) = paired_ratio(tokens, slow / 2, tokens, slow)
+    assert ratio == pytest.approx(2.0) and lo == pytest.approx(2.0) and hi == pytest.approx(2.0)
+    noise = np.random.default_rng(2).normal(1.0, 0.05, 40)  # the same rows with per-prompt timing noise
+    ratio, (lo, hi) = paired_ratio(tokens, slow * noise, tokens, slow)
+    pooled = slow.sum() / (slow * noise).sum()
+    assert ratio == pytest.approx(pooled) and lo < ratio < hi and hi - lo < 0.1
+    assert paired_ratio(tokens, slow, tokens, slow, seed=3) == paired_ratio(tokens, slow, tokens, slow, seed=3)
