@@ -39,6 +39,13 @@ def _policy_spec(policy: str) -> str:
     return {"static": f"static:width={d.width},depth={d.depth}", "chain": "chain:length=4"}.get(policy, policy)
 
 
+def _pair(item: str) -> tuple[str, str]:
+    a, colon, b = item.partition(":")
+    if not colon or not a or not b:
+        raise typer.BadParameter(f"--pair {item!r}: use A:B with two row names, e.g. learned:static")
+    return a, b
+
+
 def bench(
     suite: Annotated[Path, typer.Option(help="prompt suite folder")] = _B.suite,
     split: Annotated[str, typer.Option(help="train, tune, test or all")] = _B.split,
@@ -84,14 +91,11 @@ def bench(
         if unknown:
             raise typer.BadParameter(f"--only {unknown}: rows are {sorted(trees)}")
         trees = {name: specs for name, specs in trees.items() if name in only}
-    for item in pair or []:
-        a, colon, b = item.partition(":")
-        if not colon or not a or not b:
-            raise typer.BadParameter(f"--pair {item!r}: use A:B with two row names, e.g. learned:static")
+    pairs = [_pair(item) for item in pair] if pair else _B.pairs
     try:
         cfg = BenchConfig(suite=suite, split=split, domains=domain or None, per_domain=per_domain,
                           max_new_tokens=max_new_tokens, repeats=repeats, trees=trees, hf_assisted=not no_hf,
-                          target=target, draft=draft, pairs=pair or _B.pairs)
+                          target=target, draft=draft, pairs=pairs)
         prompts = select_prompts(cfg)
         dec = load_bench_decoder(cfg)
         with Progress(console=console, transient=True) as progress:

@@ -33,8 +33,8 @@ class BenchConfig(BaseModel):
         "learned_no_online": ["learned:online=false"],  # the same without it
         "budgeted": ["budgeted"],  # the controller's default: per-domain family and size from data/budgets.json
     })
-    # Paired comparisons "A:B": A's tokens/s over B's prompt by prompt, with a bootstrap interval (rows that ran).
-    pairs: list[str] = Field(default_factory=lambda: ["learned:learned_no_online"])
+    # Paired comparisons (A, B): A's tokens/s over B's prompt by prompt, with a bootstrap interval (rows that ran).
+    pairs: list[tuple[str, str]] = Field(default_factory=lambda: [("learned", "learned_no_online")])
     # Rows of the batched bench (--batch-size): row name -> tree spec, each against batched plain decoding.
     batch_trees: dict[str, str] = Field(default_factory=lambda: {"static": "static:width=2,depth=3",
                                                                  "learned": "learned"})

@@ -202,8 +202,7 @@ def summarize(runs: _Runs, specs: dict[str, str], prompts: list[Prompt], cfg: Be
             rows[name], chosen[name] = cand, key  # a multi-candidate row keeps its fastest candidate
     ids = [p.id for p in prompts]
     paired = []
-    for pair in cfg.pairs:
-        a, _, b = pair.partition(":")
+    for a, b in cfg.pairs:
         if a in chosen and b in chosen:
             ratio, ci = paired_ratio(*_per_prompt(runs, chosen[a], ids), *_per_prompt(runs, chosen[b], ids))
             paired.append(PairedRatio(a=a, b=b, ratio=ratio, ci95=ci, prompts=len(ids)))
