@@ -90,7 +90,7 @@ def _step(dec: StepCore, active: list[_Row], target: BatchCache, draft: BatchCac
         accs.append(acc)
         emitted.append(out)
     target.compact([target_keep(acc, out) for acc, out in zip(accs, emitted, strict=True)])
-    draft.compact([draft_keep(dr, acc, out) if draft.committed_len(i) >= row.req.seq.numel() else dr.fed_slot[:0]
+    draft.compact([draft_keep(dr, acc, out) if draft.committed_len(i) >= row.req.seq.numel() else []
                    for i, (row, dr, acc, out) in enumerate(zip(active, drafts, accs, emitted, strict=True))])
     n = len(active)
     other = (time.perf_counter() - t0 - timing.draft_s - timing.verify_s) / n

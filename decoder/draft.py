@@ -46,24 +46,28 @@ class DraftContext:
 
 @dataclass(frozen=True)
 class _Expanded:
-    """The nodes expanded at the previous depth: their distributions and bookkeeping (CPU)."""
+    """The nodes expanded at the previous depth: their distributions and bookkeeping.
 
-    probs: torch.Tensor  # [e, V] draft distribution at each expanded node
-    counts: torch.Tensor  # [e] children to draft for each
-    cand_idx: torch.Tensor  # [e] candidate index (-1 for the root), increasing
-    fed_slot: torch.Tensor  # [e] draft-cache slot among this step's fed nodes (-1 for the root)
-    path_lp: torch.Tensor  # [e]
-    prob: torch.Tensor  # [e] the expanded node's own draft probability
+    The bookkeeping is numpy: a level has a handful of nodes, where each torch op's dispatch costs more than
+    its work. Torch tensors appear only where a model or a policy reads them.
+    """
+
+    probs: torch.Tensor  # [e, V] draft distribution at each expanded node (CPU)
+    counts: np.ndarray  # [e] int64 children to draft for each
+    cand_idx: np.ndarray  # [e] int64 candidate index (-1 for the root), increasing
+    fed_slot: np.ndarray  # [e] int64 draft-cache slot among this step's fed nodes (-1 for the root)
+    path_lp: np.ndarray  # [e] float32
+    prob: np.ndarray  # [e] float32 the expanded node's own draft probability
 
 
-def _children(exp: _Expanded, mode: DraftMode, gen: torch.Generator | None, entropy: bool) -> dict[str, torch.Tensor]:
+def _children(exp: _Expanded, mode: DraftMode, gen: torch.Generator | None, entropy: bool) -> dict[str, np.ndarray]:
     """Children of each expanded node: top-k (or i.i.d. samples), ``counts[i]`` for row i.
 
     ``entropy=False`` leaves ``draft_entropy`` NaN: a full pass over the vocabulary that only learned
     policies and node logs read.
     """
     probs = exp.probs  # [e, V] on the CPU
-    counts = exp.counts.numpy()
+    counts = exp.counts
     e, kmax = probs.shape[0], int(counts.max())
     top = torch.topk(probs, min(max(kmax, 2), probs.shape[-1]), dim=-1)  # children (top-k mode) and the margin
     values = top.values.numpy()
@@ -75,21 +79,28 @@ def _children(exp: _Expanded, mode: DraftMode, gen: torch.Generator | None, entr
     margin = values[:, 0] - (values[:, 1] if values.shape[1] > 1 else 0)
     ent = _entropy(probs) if entropy else np.full(e, np.nan, dtype=np.float32)
     # numpy from here: small arrays, where each torch op's dispatch costs more than its work
-    rows, rank = np.nonzero(np.arange(kmax)[None, :] < counts[:, None])  # row-major: rows ascending
-    p = p[rows, rank]
+    if bool((counts == kmax).all()):  # every row drafts kmax children (static and learned trees do)
+        rows, rank = np.repeat(np.arange(e), kmax), np.tile(np.arange(kmax), e)
+        tok, p = tok.ravel(), p.ravel()
+    else:
+        rows, rank = np.nonzero(np.arange(kmax)[None, :] < counts[:, None])  # row-major: rows ascending
+        tok, p = tok[rows, rank], p[rows, rank]
     lp = np.log(np.maximum(p, 1e-30))
     cols = {
-        "tokens": tok[rows, rank], "parent": exp.cand_idx.numpy()[rows], "row": rows, "sibling_rank": rank,
+        "tokens": tok, "parent": exp.cand_idx[rows], "row": rows, "sibling_rank": rank,
         "draft_logprob": lp, "draft_entropy": ent[rows], "draft_margin": margin[rows],
-        "path_logprob": exp.path_lp.numpy()[rows] + lp, "parent_draft_prob": exp.prob.numpy()[rows],
+        "path_logprob": exp.path_lp[rows] + lp, "parent_draft_prob": exp.prob[rows],
     }
-    return {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in cols.items()}
+    return cols
 
 
 def _entropy(probs: torch.Tensor) -> np.ndarray:
     """[e] float32 entropy of each row (numpy: about 3x faster than torch's reduction at this size)."""
     p = probs.numpy()
-    return -(p * np.log(np.maximum(p, 1e-30))).sum(-1).astype(np.float32)
+    t = np.maximum(p, 1e-30)
+    np.log(t, out=t)  # in place: one [e, V] temporary instead of three
+    t *= p
+    return -t.sum(-1, dtype=np.float32)
 
 
 # What a drafter yields: the next forward it needs; what it is sent back: that forward's logits.
@@ -108,10 +119,10 @@ class Drafter:
         self.seq, self.cached, self.policy, self.ctx = seq, cached, policy, ctx
         self.sampling, self.mode, self.vocab, self.gen = sampling, mode, vocab, gen
         self.device = seq.device
-        self.levels: list[dict[str, torch.Tensor]] = []
+        self.levels: list[dict[str, np.ndarray]] = []
         self.cand_probs: dict[int, torch.Tensor] = {}  # candidate index (-1 = root) -> draft distribution
-        self.fed_anc = torch.zeros(0, 0, dtype=torch.bool)  # [F, F] ancestry among fed slots
-        self.n_kept = self.offset = 0
+        self.fed_anc = np.zeros((32, 32), dtype=bool)  # [cap, cap] ancestry among fed slots, the first n_fed used
+        self.n_fed = self.n_kept = self.offset = 0
         self.policy_s = 0.0
         self.forwards = 0
 
@@ -135,70 +146,75 @@ class Drafter:
         self.policy_s += time.perf_counter() - t0
         return plan
 
-    def _frontier(self, depth: int, level: dict[str, torch.Tensor]) -> Frontier:
+    def _frontier(self, depth: int, level: dict[str, np.ndarray]) -> Frontier:
         c = self.ctx
+        t = torch.from_numpy  # the policy's view shares the level's memory
         return Frontier(
             depth=depth, step=c.step, position=c.position, prompt_len=c.prompt_len, domain=c.domain,
             temperature=self.sampling.temperature, tree_size=self.n_kept, max_depth=c.max_depth,
             running_accept_rate=c.running_accept_rate, prev_accepted=c.prev_accepted, token_type_table=c.token_types,
-            tokens=level["tokens"], parent=level["parent"], sibling_rank=level["sibling_rank"],
-            draft_logprob=level["draft_logprob"], draft_entropy=level["draft_entropy"],
-            draft_margin=level["draft_margin"], path_logprob=level["path_logprob"],
-            parent_draft_prob=level["parent_draft_prob"],
+            tokens=t(level["tokens"]), parent=t(level["parent"]), sibling_rank=t(level["sibling_rank"]),
+            draft_logprob=t(level["draft_logprob"]), draft_entropy=t(level["draft_entropy"]),
+            draft_margin=t(level["draft_margin"]), path_logprob=t(level["path_logprob"]),
+            parent_draft_prob=t(level["parent_draft_prob"]),
         )
 
     def _root(self) -> Generator[Feed, torch.Tensor, _Expanded | None]:
         """Ask the policy first; only if it wants children, run forward 0 over the uncached committed tokens."""
-        zero, one = torch.zeros(1), torch.ones(1)
-        root = {"tokens": self.seq[-1:].cpu(), "parent": torch.full((1,), -1), "sibling_rank": zero.long(),
+        zero, one = np.zeros(1, dtype=np.float32), np.ones(1, dtype=np.float32)
+        root = {"tokens": self.seq[-1:].cpu().numpy(), "parent": np.full(1, -1), "sibling_rank": np.zeros(1, np.int64),
                 "draft_logprob": zero, "draft_entropy": zero, "draft_margin": one, "path_logprob": zero,
                 "parent_draft_prob": one}
-        counts = self._plan(self._frontier(0, root)).children[:1].clamp(min=0)
-        if int(counts.sum()) == 0:
+        counts = np.maximum(self._plan(self._frontier(0, root)).children.numpy()[:1], 0).astype(np.int64)
+        if int(counts[0]) == 0:
             return None  # plain step: the draft cache catches up on a later step
         c = self.seq.numel() - self.cached
         chain = torch.ones(c, c, dtype=torch.bool).tril()
         pos = torch.arange(self.cached, self.seq.numel(), device=self.device)
         probs = self._probs((yield Feed(self.seq[self.cached:], pos, chain, commit=c, keep=1)))  # [1, V]
         self.cand_probs[-1] = probs[0]
-        minus = torch.full((1,), -1)
+        minus = np.full(1, -1)
         return _Expanded(probs, counts, minus, minus, zero, one)
 
     def _level(self, exp: _Expanded, depth: int) -> Generator[Feed, torch.Tensor, _Expanded | None]:
         """Draft the children of ``exp``, let the policy prune them, and expand the chosen ones."""
         level = _children(exp, self.mode, self.gen, self.ctx.entropy)
         plan = self._plan(self._frontier(depth, level))
-        keep = plan.keep.bool()
-        m = keep.numel()
+        keep = plan.keep.numpy().astype(bool)  # a copy: the policy's tensor stays its own
+        m = keep.shape[0]
         self.n_kept += int(keep.sum())
-        level["keep"], level["depth"] = keep, torch.full((m,), depth)
-        level["fed_slot"] = torch.full((m,), -1)
+        level["keep"], level["depth"], level["fed_slot"] = keep, np.full(m, depth), np.full(m, -1)
         self.levels.append(level)
-        counts = torch.where(keep, plan.children.clamp(min=0), 0)
-        rows = torch.nonzero(counts > 0).flatten()
+        counts = np.where(keep, np.maximum(plan.children.numpy(), 0), 0).astype(np.int64)
+        rows = np.flatnonzero(counts)
         start = self.offset
         self.offset += m
-        if rows.numel() == 0:
+        if rows.shape[0] == 0:
             return None
         return (yield from self._feed(exp, level, rows, counts[rows], start, depth))
 
-    def _feed(self, exp: _Expanded, level: dict[str, torch.Tensor], rows: torch.Tensor, counts: torch.Tensor,
+    def _feed(self, exp: _Expanded, level: dict[str, np.ndarray], rows: np.ndarray, counts: np.ndarray,
               start: int, depth: int) -> Generator[Feed, torch.Tensor, _Expanded]:
         """One draft forward over the ``rows`` of this level: each sees the committed prefix and its ancestors."""
         parent_slot = exp.fed_slot[level["row"][rows]]
-        f_prev, e = self.fed_anc.shape[0], rows.numel()
-        anc = torch.zeros(e, f_prev + e, dtype=torch.bool)
+        f, e = self.n_fed, rows.shape[0]
+        if f + e > self.fed_anc.shape[0]:
+            grown = np.zeros((2 * (f + e), 2 * (f + e)), dtype=bool)
+            grown[:f, :f] = self.fed_anc[:f, :f]
+            self.fed_anc = grown
+        anc = self.fed_anc[f:f + e, :f + e]  # [e, f + e] rows of the new slots (zero so far)
         has_parent = parent_slot >= 0
-        anc[has_parent, :f_prev] = self.fed_anc[parent_slot[has_parent]]
-        anc[:, f_prev:] = torch.eye(e, dtype=torch.bool)
-        self.fed_anc = torch.cat([torch.cat([self.fed_anc, torch.zeros(f_prev, e, dtype=torch.bool)], 1), anc])
+        anc[has_parent] = self.fed_anc[parent_slot[has_parent], :f + e]  # the parent's ancestry (zero beyond f)
+        anc[np.arange(e), f + np.arange(e)] = True
+        self.n_fed = f + e
         pos = torch.full((e,), self.seq.numel() - 1 + depth, device=self.device)
-        probs = self._probs((yield Feed(level["tokens"][rows].to(self.device), pos, anc)))  # [e, V]
-        slots = torch.arange(f_prev, f_prev + e)
+        tokens = torch.from_numpy(level["tokens"][rows]).to(self.device)
+        probs = self._probs((yield Feed(tokens, pos, torch.from_numpy(anc.copy()))))  # [e, V]
+        slots = np.arange(f, f + e)
         level["fed_slot"][rows] = slots
         self.cand_probs.update(zip((rows + start).tolist(), probs, strict=True))
-        return _Expanded(probs, counts, rows + start, slots,
-                         level["path_logprob"][rows], level["draft_logprob"][rows].exp())
+        prob = torch.from_numpy(level["draft_logprob"][rows]).exp().numpy()  # torch's exp, as node logs have it
+        return _Expanded(probs, counts, rows + start, slots, level["path_logprob"][rows], prob)
 
     def _result(self) -> DraftResult:
         """Apply the policy's final selection, keep the tree connected, and index it."""
@@ -209,29 +225,27 @@ class Drafter:
             return DraftResult(tree, _NO_CANDIDATES, {0: self.cand_probs[-1]} if -1 in self.cand_probs else {},
                                torch.full((1,), -1), 0.0, self.policy_s, self.forwards)
         cols = _stack(self.levels)
-        keep = cols.pop("keep").numpy()
-        fed = cols.pop("fed_slot").numpy()
-        cands = Candidates(**cols, tree_index=torch.from_numpy(_tree_index(keep)))
+        keep, fed = cols.pop("keep"), cols.pop("fed_slot")
+        parent, has_parent = cols["parent"], cols["parent"] >= 0
+        tree_index = _tree_index(keep)
+        cands = Candidates(**{n: torch.from_numpy(v) for n, v in cols.items()}, tree_index=torch.from_numpy(tree_index))
         t0 = time.perf_counter()
         final = self.policy.finalize(cands)
         self.policy_s += time.perf_counter() - t0
-        parent = cands.parent.numpy()
-        has_parent = parent >= 0
         if final is not None:  # plan() only expands kept nodes: only a final selection can orphan one
             keep = keep & final.bool().numpy()
-            depth = cands.depth.numpy()
+            depth = cols["depth"]
             for d in range(2, len(self.levels) + 1):  # parents come first: one pass per depth closes the tree
                 at = depth == d
                 keep[at] &= keep[np.maximum(parent[at], 0)] | ~has_parent[at]
-        # numpy for the bookkeeping: a few dozen candidates, where torch's per-op dispatch would dominate.
-        tree_index = _tree_index(keep)
+            tree_index = _tree_index(keep)
+            cands = replace(cands, tree_index=torch.from_numpy(tree_index))
         parent_tree = np.where(has_parent, tree_index[np.maximum(parent, 0)], 0)
         tree = DraftTree.from_parents(torch.from_numpy(np.concatenate([[-1], parent_tree[keep]])),
-                                      torch.cat([self.seq[-1:].cpu(), cands.tokens[torch.from_numpy(keep)]]))
+                                      np.concatenate([self.seq[-1:].cpu().numpy(), cols["tokens"][keep]]))
         index, kept = tree_index.tolist(), keep.tolist()
         probs = {0 if c < 0 else index[c]: row for c, row in self.cand_probs.items() if c < 0 or kept[c]}
         fed_slot = torch.from_numpy(np.concatenate([[-1], fed[keep]]))
-        cands = replace(cands, tree_index=torch.from_numpy(tree_index))
         return DraftResult(tree, cands, probs, fed_slot, 0.0, self.policy_s, self.forwards)
 
 
@@ -277,16 +291,16 @@ def _fit_vocab(logits: torch.Tensor, vocab: int) -> torch.Tensor:
 
 _LONG = ("tokens", "parent", "depth", "sibling_rank", "fed_slot")
 _FLOAT = ("draft_logprob", "draft_entropy", "draft_margin", "path_logprob", "parent_draft_prob")
+_TYPES = {"keep": np.bool_} | dict.fromkeys(_LONG, np.int64) | dict.fromkeys(_FLOAT, np.float32)
 
 
-def _stack(levels: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+def _stack(levels: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
     """Concatenate the per-level columns (empty columns of the right dtype when nothing was drafted)."""
-    names = {"keep": torch.bool} | dict.fromkeys(_LONG, torch.long) | dict.fromkeys(_FLOAT, torch.float32)
     if not levels:
-        return {n: torch.zeros(0, dtype=dt) for n, dt in names.items()}
-    return {n: torch.cat([lv[n] for lv in levels]) for n in names}
+        return {n: np.zeros(0, dtype=dt) for n, dt in _TYPES.items()}
+    return {n: np.concatenate([lv[n] for lv in levels]) for n in _TYPES}
 
 
 # A plain step's candidates: none (frozen, and no consumer writes into them).
-_NO_CANDIDATES = Candidates(**{n: v for n, v in _stack([]).items() if n not in ("keep", "fed_slot")},
+_NO_CANDIDATES = Candidates(**{n: torch.from_numpy(v) for n, v in _stack([]).items() if n not in ("keep", "fed_slot")},
                             tree_index=torch.zeros(0, dtype=torch.long))

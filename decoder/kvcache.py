@@ -16,29 +16,33 @@ from .capability import AttentionLayout
 from .errors import TreewiseError
 
 
-def keep_rows(cache: DynamicCache, committed: int, rows: torch.Tensor) -> None:
+def keep_rows(cache: DynamicCache, committed: int, rows: torch.Tensor | list[int]) -> None:
     """Keep the first ``committed`` positions plus the slots ``rows`` (absolute, increasing), drop the rest.
 
     The kept rows are copied down to sit right after the committed prefix, then the tail is cropped,
     so the cache reads as if only the accepted tokens had ever been fed. Slot i must hold position i, so
     only plain per-token layers qualify: a sliding-window layer evicts old rows and shifts every index.
     """
-    new_len = committed + rows.numel()
+    wanted = rows.tolist() if isinstance(rows, torch.Tensor) else list(rows)
+    new_len = committed + len(wanted)
     # Rows already where they belong need no copy: the root always is, and often its first children.
-    wanted = rows.tolist()
     lead = 0
     while lead < len(wanted) and wanted[lead] == committed + lead:
         lead += 1
-    rows = rows[lead:]
+    move = wanted[lead:]
     crop = cache.get_seq_length() != new_len  # a plain step keeps exactly what it fed: nothing to do
+    idx: torch.Tensor | None = None
     for layer in cache.layers:
         if type(layer) is not DynamicLayer:
             raise TreewiseError(f"cannot compact a {type(layer).__name__} cache layer by row index: "
                                 "decode with a plain DynamicCache() (treewise masks sliding windows instead)")
         if not layer.is_initialized:
             continue
-        if rows.numel():
-            idx = rows.to(layer.keys.device)
+        if move:
+            if idx is None:  # one index tensor for every layer (they share a device in a solo decode)
+                idx = torch.tensor(move, dtype=torch.long, device=layer.keys.device)
+            elif idx.device != layer.keys.device:
+                idx = idx.to(layer.keys.device)
             # Advanced indexing on the right makes a copy first, so overlapping moves are safe.
             layer.keys[..., committed + lead:new_len, :] = layer.keys[..., idx, :]
             layer.values[..., committed + lead:new_len, :] = layer.values[..., idx, :]
@@ -94,10 +98,11 @@ class SoloCache:
         self.pending_pos = torch.cat([pending, feed.positions[feed.commit:]])
         return out.logits[0]
 
-    def compact(self, keep: torch.Tensor) -> None:
+    def compact(self, keep: torch.Tensor | list[int]) -> None:
         """Keep the committed prefix plus the pending slots ``keep`` (increasing); they become committed."""
-        keep_rows(self.cache, self.committed, self.committed + keep.to(torch.long))
-        self.committed += keep.numel()
+        kept = keep.tolist() if isinstance(keep, torch.Tensor) else keep
+        keep_rows(self.cache, self.committed, [self.committed + k for k in kept])
+        self.committed += len(kept)
         self.pending_pos = None
 
 
@@ -157,10 +162,10 @@ class BatchCache:
             out.append(logits[r, feed.size - (feed.keep or feed.size) : feed.size])
         return out
 
-    def compact(self, keeps: list[torch.Tensor]) -> None:
+    def compact(self, keeps: list[list[int]]) -> None:
         """Per row, keep its committed prefix plus its pending slots ``keeps[r]``; move them to the front."""
-        sources = [torch.cat([c, p[k.to(self.device)]]) for c, p, k in zip(self.committed, self.pending, keeps,
-                                                                           strict=True)]
+        sources = [torch.cat([c, p[torch.as_tensor(k, dtype=torch.long, device=self.device)]])
+                   for c, p, k in zip(self.committed, self.pending, keeps, strict=True)]
         new_len = max((s.numel() for s in sources), default=0)
         # Only slots whose source differs from their place move (mostly the accepted path): one indexed copy
         # per layer for all rows; the right side is read into a new tensor first, so overlapping moves are safe.

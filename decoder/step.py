@@ -127,9 +127,12 @@ class StepCore:
 
     def _tree_feed(self, req: _Request, tree: DraftTree, cached: int) -> Feed:
         """The committed tokens not yet in the target cache (a causal chain), then the tree under its mask."""
+        root_pos = req.seq.numel() - 1
+        if cached == root_pos:  # every step but the first: only the tree is new
+            return Feed(tree.tokens.to(self.device), tree.position_ids(root_pos).to(self.device), tree.ancestor_mask,
+                        keep=tree.size)
         chain = req.seq[cached:-1]  # committed tokens before the root not yet in the cache
         c = chain.numel()
-        root_pos = req.seq.numel() - 1
         pos = torch.cat([torch.arange(cached, cached + c, device=self.device),
                          tree.position_ids(root_pos).to(self.device)])  # [c + n]
         vis = chain_then_tree(c, tree.ancestor_mask)
@@ -215,12 +218,17 @@ def _context_length(model: PreTrainedModel) -> int:
     return 1 << 30
 
 
-def target_keep(acc: Acceptance, emitted: list[int]) -> torch.Tensor:
+def target_keep(acc: Acceptance, emitted: list[int]) -> list[int]:
     """Tree nodes the target cache keeps: the root and the emitted accepted nodes (the bonus is never cached)."""
-    return torch.tensor(acc.path[: len(emitted)], dtype=torch.long)
+    return acc.path[: len(emitted)]
 
 
-def draft_keep(dr: DraftResult, acc: Acceptance, emitted: list[int]) -> torch.Tensor:
+def draft_keep(dr: DraftResult, acc: Acceptance, emitted: list[int]) -> list[int]:
     """Pending draft slots to keep: the fed nodes of the emitted accepted path (a prefix of it)."""
-    slots = dr.fed_slot[torch.tensor(acc.path[1 : len(emitted)], dtype=torch.long)]
-    return slots[: int((slots >= 0).cumprod(0).sum())]
+    fed = dr.fed_slot.tolist()
+    slots: list[int] = []
+    for node in acc.path[1 : len(emitted)]:
+        if fed[node] < 0:  # a leaf: it and what follows were never fed to the draft
+            break
+        slots.append(fed[node])
+    return slots

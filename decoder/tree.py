@@ -31,22 +31,24 @@ class DraftTree:
         n = parents_t.numel()
         if n == 0 or tokens_t.numel() != n:
             raise TreewiseError(f"a tree needs a root and one token per node (parents {n}, tokens {tokens_t.numel()})")
-        if parents_t[0] != -1:
+        # Python and numpy: a tree has a few dozen nodes, where each torch op's dispatch costs more than its work.
+        plist = parents_t.tolist()
+        if plist[0] != -1:
             raise TreewiseError("node 0 must be the root: parents[0] must be -1")
-        par = parents_t.numpy()
-        if n > 1 and not bool(((par[1:] >= 0) & (par[1:] < np.arange(1, n))).all()):
-            raise TreewiseError("parents must point to earlier nodes (topological order, parents[i] < i)")
-        # numpy: a tree has a few dozen nodes, where each torch op's dispatch costs more than its work.
-        plist = par.tolist()
         dlist = [0] * n
         for i in range(1, n):  # parents come first
-            dlist[i] = dlist[plist[i]] + 1
-        depth = np.asarray(dlist, dtype=np.int64)
+            p = plist[i]
+            if not 0 <= p < i:
+                raise TreewiseError("parents must point to earlier nodes (topological order, parents[i] < i)")
+            dlist[i] = dlist[p] + 1
+        par, depth = parents_t.numpy(), np.asarray(dlist, dtype=np.int64)
         anc = np.eye(n, dtype=bool)
         for level in range(1, max(dlist) + 1):  # one vectorised update per level: inherit the parent's row
             rows = np.flatnonzero(depth == level)
             anc[rows] |= anc[par[rows]]
-        return cls(tokens=tokens_t, parents=parents_t, depth=torch.from_numpy(depth).to(tokens_t.device),
+        depth_t = torch.from_numpy(depth)
+        return cls(tokens=tokens_t, parents=parents_t,
+                   depth=depth_t if tokens_t.device.type == "cpu" else depth_t.to(tokens_t.device),
                    ancestor_mask=torch.from_numpy(anc))
 
     @property
@@ -85,13 +87,16 @@ def tree_attention_mask(visible_new: torch.Tensor, past_len: int, dtype: torch.d
     position i (compaction keeps only the committed prefix), so the window counts along each node's path.
     """
     q, t = visible_new.shape
+    if window is None:  # the common case in a few ops: only the uncached slots can be hidden
+        mask = torch.zeros(q, past_len + t, dtype=dtype, device=visible_new.device)
+        mask[:, past_len:].masked_fill_(~visible_new, torch.finfo(dtype).min)
+        return mask[None, None]
     visible = torch.ones(q, past_len + t, dtype=torch.bool, device=visible_new.device)  # [q, past + t]
     visible[:, past_len:] = visible_new
-    if window is not None:
-        if positions is None:
-            raise TreewiseError("a sliding-window mask needs the position ids of the uncached slots")
-        k_pos = torch.cat([torch.arange(past_len, device=positions.device), positions])  # [past + t]
-        visible &= (positions[t - q:, None] - k_pos[None, :]) < window
+    if positions is None:
+        raise TreewiseError("a sliding-window mask needs the position ids of the uncached slots")
+    k_pos = torch.cat([torch.arange(past_len, device=positions.device), positions])  # [past + t]
+    visible &= (positions[t - q:, None] - k_pos[None, :]) < window
     mask = torch.zeros(q, past_len + t, dtype=dtype, device=visible_new.device)
     return mask.masked_fill_(~visible, torch.finfo(dtype).min)[None, None]
 
@@ -103,6 +108,8 @@ def chain_then_tree(chain_len: int, ancestor_mask: torch.Tensor) -> torch.Tensor
     """
     n = ancestor_mask.shape[0]
     size = chain_len + n
+    if chain_len == 0:  # every step but the first: the target cache holds all committed tokens
+        return ancestor_mask
     vis = torch.zeros(size, size, dtype=torch.bool, device=ancestor_mask.device)
     vis[:chain_len, :chain_len] = torch.ones(chain_len, chain_len, dtype=torch.bool, device=vis.device).tril()
     vis[chain_len:, :chain_len] = True

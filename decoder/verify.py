@@ -101,20 +101,28 @@ def verify(inp: VerifyInput) -> Acceptance:
 
 def verify_greedy(inp: VerifyInput) -> Acceptance:
     tree = inp.tree
+    argmax = row_argmax(inp.target_logits).tolist()  # [n]
+    nan = torch.full((tree.size,), float("nan"))
     if tree.size == 1:  # a plain step: the target's token after the root
-        return Acceptance(path=[0], bonus=int(row_argmax(inp.target_logits[:1])[0]), target_probs=None,
-                          accept_prob=torch.full((1,), float("nan")))
-    argmax = row_argmax(inp.target_logits)  # [n] numpy
-    parents, tokens = tree.parents.numpy(), tree.tokens.cpu().numpy()
-    correct = np.ones(tree.size, dtype=bool)
-    correct[1:] = tokens[1:] == argmax[parents[1:]]
-    # A node is accepted iff it and all its ancestors match the target's argmax at their parents.
-    anc = tree.ancestor_mask.numpy()
-    accepted = ~(anc & ~correct[None, :]).any(axis=1)  # [n]
-    best = int(np.argmax(np.where(accepted, tree.depth.cpu().numpy(), -1)))
+        return Acceptance(path=[0], bonus=argmax[0], target_probs=None, accept_prob=nan)
+    # A node is accepted iff its parent is and its token is the target's argmax at the parent. Plain Python:
+    # a tree has a few dozen nodes, fewer than the numpy calls a vectorised walk would take.
+    parents, tokens = tree.parents.tolist(), tree.tokens.tolist()
+    depth = [0] * tree.size  # depth of an accepted node, -1 for the rest
+    best = 0  # the first accepted node of the greatest depth
+    for i in range(1, tree.size):
+        p = parents[i]
+        if depth[p] >= 0 and tokens[i] == argmax[p]:
+            depth[i] = depth[p] + 1
+            if depth[i] > depth[best]:
+                best = i
+        else:
+            depth[i] = -1
+    path = [best]
+    while path[-1] != 0:
+        path.append(parents[path[-1]])
     # The greedy rule reads only the argmax: no softmax over the vocabulary (node logs compute it themselves).
-    return Acceptance(path=np.flatnonzero(anc[best]).tolist(), bonus=int(argmax[best]), target_probs=None,
-                      accept_prob=torch.full((tree.size,), float("nan")))
+    return Acceptance(path=path[::-1], bonus=argmax[best], target_probs=None, accept_prob=nan)
 
 
 def row_argmax(logits: torch.Tensor) -> np.ndarray:
