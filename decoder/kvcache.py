@@ -98,11 +98,10 @@ class SoloCache:
         self.pending_pos = torch.cat([pending, feed.positions[feed.commit:]])
         return out.logits[0]
 
-    def compact(self, keep: torch.Tensor | list[int]) -> None:
+    def compact(self, keep: list[int]) -> None:
         """Keep the committed prefix plus the pending slots ``keep`` (increasing); they become committed."""
-        kept = keep.tolist() if isinstance(keep, torch.Tensor) else keep
-        keep_rows(self.cache, self.committed, [self.committed + k for k in kept])
-        self.committed += len(kept)
+        keep_rows(self.cache, self.committed, [self.committed + k for k in keep])
+        self.committed += len(keep)
         self.pending_pos = None
 
 

@@ -108,8 +108,6 @@ def chain_then_tree(chain_len: int, ancestor_mask: torch.Tensor) -> torch.Tensor
     """
     n = ancestor_mask.shape[0]
     size = chain_len + n
-    if chain_len == 0:  # every step but the first: the target cache holds all committed tokens
-        return ancestor_mask
     vis = torch.zeros(size, size, dtype=torch.bool, device=ancestor_mask.device)
     vis[:chain_len, :chain_len] = torch.ones(chain_len, chain_len, dtype=torch.bool, device=vis.device).tril()
     vis[chain_len:, :chain_len] = True
