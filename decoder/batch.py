@@ -53,8 +53,8 @@ def decode_batch(dec: StepCore, requests: list[_Request], runs: list[_Run]) -> l
         text = dec.tokenizer.decode(row.req.seq.tolist(), skip_special_tokens=True)
         row.run.policy.start(RequestInfo(row.run.domain, row.req.prompt_len, row.req.max_new_tokens,
                                          row.run.sampling.temperature, text))
-    target = BatchCache(len(rows), dec.target_layout, dec.target.dtype, dec.device)
-    draft = BatchCache(len(rows), dec.draft_layout, dec.draft.dtype, dec.device)
+    target = BatchCache(len(rows), dec.target_layout, dec.target_dtype, dec.device)
+    draft = BatchCache(len(rows), dec.draft_layout, dec.draft_dtype, dec.device)
     active = list(rows)
     start = time.perf_counter()
     while active:

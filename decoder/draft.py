@@ -171,7 +171,7 @@ class Drafter:
         c = self.seq.numel() - self.cached
         chain = torch.ones(c, c, dtype=torch.bool).tril()
         pos = torch.arange(self.cached, self.seq.numel(), device=self.device)
-        probs = self._probs((yield Feed(self.seq[self.cached:], pos, chain, commit=c, keep=1)))  # [1, V]
+        probs = self._probs((yield Feed(self.seq[self.cached:], pos, chain, commit=c, keep=1, causal=True)))  # [1, V]
         self.cand_probs[-1] = probs[0]
         minus = np.full(1, -1)
         return _Expanded(probs, counts, minus, minus, zero, one)
@@ -259,13 +259,15 @@ def _tree_index(keep: np.ndarray) -> np.ndarray:
 
 def draft_tree(model: PreTrainedModel, cache: DynamicCache, seq: torch.Tensor, policy: TreePolicy,
                ctx: DraftContext, sampling: Sampling, mode: DraftMode, vocab: int,
-               gen: torch.Generator | None = None, layout: AttentionLayout | None = None) -> DraftResult:
+               gen: torch.Generator | None = None, layout: AttentionLayout | None = None,
+               dtype: torch.dtype | None = None) -> DraftResult:
     """Catch the draft cache up with ``seq`` (root = seq[-1]) and draft one tree under ``policy``.
 
     ``layout`` gives the draft's attention kinds (``capability.attention_layout``); None means all full.
+    ``dtype`` is the draft's parameter dtype when the caller knows it (looking it up walks the modules).
     """
     layout = layout if layout is not None else AttentionLayout((FULL,), None)
-    solo = SoloCache(cache, layout, next(model.parameters()).dtype)
+    solo = SoloCache(cache, layout, dtype if dtype is not None else next(model.parameters()).dtype)
     feeds = Drafter(seq, solo.committed, policy, ctx, sampling, mode, vocab, gen).feeds()
     forward_s, logits = 0.0, None
     try:

@@ -116,7 +116,7 @@ class TreeDecoder(StepCore):
         t0 = time.perf_counter()
         ctx = self._context(req, step, run)
         dr = draft_tree(self.draft, req.draft_cache, req.seq, run.policy, ctx, run.sampling, run.draft_mode,
-                        self.vocab, run.generator, self.draft_layout)
+                        self.vocab, run.generator, self.draft_layout, self.draft_dtype)
         t1 = time.perf_counter()
         fwd = self._target_forward(req, dr.tree)
         t2 = time.perf_counter()

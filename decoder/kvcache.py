@@ -66,6 +66,7 @@ class Feed:
     visible: torch.Tensor  # [t, p + t] bool
     commit: int = 0
     keep: int = 0  # logits of the last ``keep`` tokens only (0: all)
+    causal: bool = False  # ``visible`` is a causal chain (each new token sees the earlier ones and itself)
 
     @property
     def size(self) -> int:
@@ -86,8 +87,13 @@ class SoloCache:
         """Logits [t, V] of the new tokens (the last ``keep`` of them); the tokens join the cache."""
         device = feed.tokens.device
         pending = self.pending_pos if self.pending_pos is not None else feed.positions[:0]
-        mask = self.layout.mask(feed.visible.to(device), self.committed, torch.cat([pending, feed.positions]),
-                                self.dtype)
+        if feed.causal and self.pending_pos is None and self.layout.window is None:
+            # A causal chain after the committed prefix is the mask a full-attention model builds itself (slot
+            # i holds position i): leave it to the model, as generate() does.
+            mask = None
+        else:
+            mask = self.layout.mask(feed.visible.to(device), self.committed, torch.cat([pending, feed.positions]),
+                                    self.dtype)
         t0 = time.perf_counter()
         out = model(input_ids=feed.tokens[None], position_ids=feed.positions[None], attention_mask=mask,
                     cache=self.cache, use_cache=True, logits_to_keep=feed.keep)

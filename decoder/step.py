@@ -82,6 +82,8 @@ class StepCore:
         self.target, self.draft, self.tokenizer = target.eval(), draft.eval(), tokenizer
         self.verifier = verifier
         self.device = next(target.parameters()).device
+        # Looked up once: ``model.dtype`` and ``next(model.parameters())`` walk the module tree on every call.
+        self.target_dtype, self.draft_dtype = target.dtype, draft.dtype
         self.vocab = int(target.get_output_embeddings().weight.shape[0])
         self.context = _context_length(target)
         eos = target.generation_config.eos_token_id  # what model.generate stops on
@@ -130,16 +132,17 @@ class StepCore:
         root_pos = req.seq.numel() - 1
         if cached == root_pos:  # every step but the first: only the tree is new
             return Feed(tree.tokens.to(self.device), tree.position_ids(root_pos).to(self.device), tree.ancestor_mask,
-                        keep=tree.size)
+                        keep=tree.size, causal=tree.size == 1)
         chain = req.seq[cached:-1]  # committed tokens before the root not yet in the cache
         c = chain.numel()
         pos = torch.cat([torch.arange(cached, cached + c, device=self.device),
                          tree.position_ids(root_pos).to(self.device)])  # [c + n]
         vis = chain_then_tree(c, tree.ancestor_mask)
-        return Feed(torch.cat([chain, tree.tokens.to(self.device)]), pos, vis, commit=c, keep=tree.size)
+        return Feed(torch.cat([chain, tree.tokens.to(self.device)]), pos, vis, commit=c, keep=tree.size,
+                    causal=tree.size == 1)
 
     def _target_cache(self, req: _Request) -> SoloCache:
-        return SoloCache(req.target_cache, self.target_layout, next(self.target.parameters()).dtype)
+        return SoloCache(req.target_cache, self.target_layout, self.target_dtype)
 
     def _emit(self, req: _Request, tree: DraftTree, acc: Acceptance) -> list[int]:
         """Accepted tokens plus the bonus, cut at EOS, max_new_tokens and the context length."""
@@ -164,10 +167,10 @@ class StepCore:
         Invariant after each step: the target cache holds every token of ``seq`` but the last (pending) one.
         """
         committed = req.seq.numel()  # the root is the last committed token; the tree's nodes are pending
-        SoloCache(req.target_cache, self.target_layout, self.target.dtype, committed - 1).compact(
+        SoloCache(req.target_cache, self.target_layout, self.target_dtype, committed - 1).compact(
             target_keep(acc, emitted))
         if req.draft_cache.get_seq_length() >= committed:  # the draft caught up this step
-            SoloCache(req.draft_cache, self.draft_layout, self.draft.dtype, committed).compact(
+            SoloCache(req.draft_cache, self.draft_layout, self.draft_dtype, committed).compact(
                 draft_keep(dr, acc, emitted))
         req.seq = torch.cat([req.seq, torch.tensor(emitted, dtype=req.seq.dtype, device=self.device)])
 
