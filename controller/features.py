@@ -3,10 +3,11 @@
 ``Frontier.numeric_features()`` builds a dict of ~17 arrays per level, which the predictor then copies
 column by column into its float64 matrix: about 0.2 ms a step on this CPU, more than the compiled trees
 themselves. A predictor that also offers ``predict_prefix`` (rows in ``feature_names`` order, categoricals
-as their ``category_code``) gets the matrix filled here instead: the request's scalars in one assignment,
-each frontier array in one. Values are cast through the node log's types first (float32 rates, integer
-depths) so the trees see exactly the numbers training saw; ``tests/controller/test_features.py`` checks the
-rows against the dict path on a real decode.
+as their ``category_code``) gets the matrix filled here instead: the request's scalars in one assignment
+(computed once per step), the frontier's arrays in one block, the parents' columns in one gather. Values
+are cast through the node log's types first (float32 rates, integer depths) so the trees see exactly the
+numbers training saw; ``tests/controller/test_features.py`` checks the rows against the dict path on a
+real decode.
 """
 
 from __future__ import annotations
@@ -22,12 +23,11 @@ from decoder import Frontier, TreewiseError
 from decoder.nodelog import NUMPY_TYPES, TOKEN_TYPES
 from predictor.derived import DERIVED_COLUMNS, RequestFeatures
 
-# Frontier arrays a predictor may read, by feature name.
-_ARRAYS: dict[str, Callable[[Frontier], np.ndarray]] = {
-    "sibling_rank": lambda f: f.sibling_rank.numpy(), "draft_logprob": lambda f: f.draft_logprob.numpy(),
-    "draft_entropy": lambda f: f.draft_entropy.numpy(), "draft_margin": lambda f: f.draft_margin.numpy(),
-    "path_logprob": lambda f: f.path_logprob.numpy(), "parent_draft_prob": lambda f: f.parent_draft_prob.numpy(),
-    "token_id": lambda f: f.tokens.numpy(),
+# Frontier columns a predictor may read, by feature name -> ``Frontier.arrays()`` key.
+_ARRAYS: dict[str, str] = {
+    "sibling_rank": "sibling_rank", "draft_logprob": "draft_logprob", "draft_entropy": "draft_entropy",
+    "draft_margin": "draft_margin", "path_logprob": "path_logprob", "parent_draft_prob": "parent_draft_prob",
+    "token_id": "tokens",
 }
 Scalar = Callable[[Frontier, RequestFeatures], float]
 # Values shared by every candidate of a frontier, by feature name: the frontier's and the request's.
@@ -37,6 +37,7 @@ _SCALARS: dict[str, Scalar] = {
     "prev_accepted": lambda f, c: f.prev_accepted, "temperature": lambda f, c: f.temperature,
     "recent_accepted": lambda f, c: c.recent_accepted, "recent_accept_rate": lambda f, c: c.recent_rate,
 }
+_BY_DEPTH = ("depth", "position")  # the only scalars that change between the levels of one step
 _PARENT = ("parent_margin", "parent_entropy")  # per candidate, looked up one level up
 _SPECIAL = TOKEN_TYPES.index("special")
 
@@ -54,6 +55,15 @@ class MatrixAcceptanceModel(Protocol):
     def predict_prefix(self, x: np.ndarray, n: int) -> np.ndarray: ...
 
 
+Columns = slice | np.ndarray  # a slice when the columns are consecutive (a cheaper write than an index array)
+
+
+def _columns(index: list[int]) -> Columns:
+    if index and index == list(range(index[0], index[0] + len(index))):
+        return slice(index[0], index[0] + len(index))
+    return np.asarray(index, dtype=np.int64)
+
+
 def _typed(name: str, get: Scalar) -> Scalar:
     """``get`` with its value passed through the node log's type (a rate through float32, as training stored
     it), then widened to the float64 the trees compare."""
@@ -68,12 +78,18 @@ class FeatureRows:
     model: MatrixAcceptanceModel
     domain: str
     _x: np.ndarray = field(init=False, repr=False)  # [capacity, F] float64, C order
-    _scalar_cols: np.ndarray = field(init=False, repr=False)  # columns of the per-level scalars
+    _scalar_cols: Columns = field(init=False, repr=False)  # columns of the per-level scalars
     _scalars: list[Scalar] = field(init=False, repr=False)
-    _array_cols: list[tuple[int, Callable[[Frontier], np.ndarray]]] = field(init=False, repr=False)
+    _depth_slots: list[tuple[int, Scalar]] = field(default_factory=list, init=False, repr=False)
+    _row: list[float] = field(default_factory=list, init=False, repr=False)  # the scalars of the last frontier
+    _row_key: tuple[object, ...] = field(default=(), init=False, repr=False)  # what _row was computed from
+    _array_cols: Columns = field(init=False, repr=False)  # columns taken from the frontier's arrays ...
+    _array_keys: list[str] = field(default_factory=list, init=False, repr=False)  # ... and their keys
+    _parents: bool = field(default=False, init=False, repr=False)  # the model reads a parent column
     _type_col: int = field(default=-1, init=False, repr=False)
     _type_codes: np.ndarray | None = field(default=None, init=False, repr=False)  # TOKEN_TYPES index -> code
-    _parent_cols: list[tuple[int, str]] = field(default_factory=list, init=False, repr=False)  # column, name
+    _parent_cols: Columns = field(init=False, repr=False)  # columns of parent_margin / parent_entropy ...
+    _parent_sel: Columns = field(init=False, repr=False)  # ... their slots in RequestFeatures.parent_rows
 
     @staticmethod
     def supports(model: object) -> bool:
@@ -94,10 +110,17 @@ class FeatureRows:
     def __post_init__(self) -> None:
         names = list(self.model.feature_names)
         self._x = np.zeros((64, len(names)), dtype=np.float64)
-        self._scalar_cols = np.asarray([j for j, n in enumerate(names) if n in _SCALARS], dtype=np.int64)
-        self._scalars = [_typed(n, _SCALARS[n]) for n in names if n in _SCALARS]
-        self._array_cols = [(j, _ARRAYS[n]) for j, n in enumerate(names) if n in _ARRAYS]
-        self._parent_cols = [(j, n) for j, n in enumerate(names) if n in _PARENT]
+        scalars = [n for n in names if n in _SCALARS]
+        self._scalar_cols = _columns([names.index(n) for n in scalars])
+        self._scalars = [_typed(n, _SCALARS[n]) for n in scalars]
+        self._depth_slots = [(i, self._scalars[i]) for i, n in enumerate(scalars) if n in _BY_DEPTH]
+        arrays = [n for n in names if n in _ARRAYS]
+        self._array_cols = _columns([names.index(n) for n in arrays])
+        self._array_keys = [_ARRAYS[n] for n in arrays]
+        parents = [n for n in names if n in _PARENT]
+        self._parent_cols = _columns([names.index(n) for n in parents])
+        self._parent_sel = _columns([_PARENT.index(n) for n in parents])
+        self._parents = bool(parents)
         if "token_type" in names:
             self._type_col = names.index("token_type")
             codes = [self.model.category_code("token_type", t) for t in TOKEN_TYPES]
@@ -119,23 +142,36 @@ class FeatureRows:
         return self._x
 
     def fill(self, frontier: Frontier, context: RequestFeatures, parent: np.ndarray) -> int:
-        """Write the frontier's rows into the first ``frontier.size`` rows of ``matrix``; returns that count."""
+        """Write the frontier's rows into the first ``frontier.size`` rows of ``matrix``; returns that count.
+
+        A handful of numpy calls per level, whatever the feature count: each call right after a model
+        forward costs several microseconds (cold caches), more than its work on a dozen rows."""
         m = frontier.size
         if m > self._x.shape[0]:
             grown = np.empty((max(m, 2 * self._x.shape[0]), self._x.shape[1]), dtype=np.float64)
             grown[:] = self._x[0]  # keeps the domain column
             self._x = grown
         x = self._x[:m]
-        x[:, self._scalar_cols] = [get(frontier, context) for get in self._scalars]
-        for j, get in self._array_cols:
-            x[:, j] = get(frontier)
+        x[:, self._scalar_cols] = self._scalar_row(frontier, context)
+        cols = frontier.arrays()
+        if self._array_keys:  # one [K, m] float64 block from the level's arrays (np.array is one C call)
+            x[:, self._array_cols] = np.array([cols[k] for k in self._array_keys], dtype=np.float64).T
         if self._type_codes is not None:
             table = frontier.token_type_table
-            kind = table[frontier.tokens.numpy()] if table is not None else np.full(m, _SPECIAL)
+            kind = table[cols["tokens"]] if table is not None else _SPECIAL
             x[:, self._type_col] = self._type_codes[kind]
-        if self._parent_cols:
-            values = context.parent_values(parent)
-            for j, name in self._parent_cols:
-                x[:, j] = values[name]
-        context.push(frontier.draft_margin.numpy(), frontier.draft_entropy.numpy())
+        if self._parents:
+            x[:, self._parent_cols] = context.parent_rows(parent)[:, self._parent_sel]
+        context.push(cols["draft_margin"], cols["draft_entropy"])
         return m
+
+    def _scalar_row(self, f: Frontier, c: RequestFeatures) -> list[float]:
+        """The scalar columns' values: computed once per step, then only depth and position per level."""
+        key = (f.step, f.position, f.prompt_len, f.running_accept_rate, f.prev_accepted, f.temperature,
+               c.recent_accepted, c.recent_rate)
+        if key != self._row_key:  # a NaN equals only itself (the same object): else recomputed, never stale
+            self._row, self._row_key = [get(f, c) for get in self._scalars], key
+        else:
+            for i, get in self._depth_slots:
+                self._row[i] = get(f, c)
+        return self._row

@@ -113,7 +113,8 @@ class LearnedTree:
     guard: PayoffGuard | None = None  # None: no measured never-slower-than-plain rule
     domain: str = field(default="unknown", init=False)
     budget: DomainBudget = field(default_factory=DomainBudget, init=False)
-    _values: list[np.ndarray] = field(default_factory=list, init=False, repr=False)
+    _value: np.ndarray = field(default_factory=lambda: np.zeros(64), init=False, repr=False)  # by candidate index
+    _count: int = field(default=0, init=False, repr=False)  # candidates of this step valued so far
     _gain: float = field(default=1.0, init=False, repr=False)  # expected tokens of this step's tree
     _draft_ms: float = field(default=0.0, init=False, repr=False)
     _nodes: int = field(default=0, init=False, repr=False)
@@ -185,10 +186,10 @@ class LearnedTree:
             return self._plan_root(frontier)
         value = self._values_of(frontier)
         keep = self._keep(value)
-        self._step[-1].keep = keep
-        self._values.append(np.where(keep, value, 0.0))
-        children = self._expand(frontier, value, keep)
-        return LevelPlan(keep=torch.from_numpy(keep), children=torch.from_numpy(children))
+        kept = np.asarray(keep, dtype=bool)
+        self._step[-1].keep = kept
+        self._record(np.where(kept, value, 0.0))
+        return LevelPlan(keep=kept, children=np.asarray(self._expand(frontier, value, keep), dtype=np.int64))
 
     def finalize(self, candidates: Candidates) -> torch.Tensor | None:
         return None
@@ -222,7 +223,7 @@ class LearnedTree:
         return self._draft[n] if n < len(self._draft) else self.latency.draft_time(n)  # type: ignore[union-attr]
 
     def _plan_root(self, frontier: Frontier) -> LevelPlan:
-        self._values, self._gain, self._nodes = [], 1.0, 0
+        self._count, self._gain, self._nodes = 0, 1.0, 0
         self._step = []
         self._context.begin_step()
         self._draft_ms = self._draft_time(1) if self.latency is not None else 0.0
@@ -236,7 +237,8 @@ class LearnedTree:
         return LevelPlan.uniform(1, self.budget.max_width if (worth or probe) and allowed else 0)
 
     def _values_of(self, frontier: Frontier) -> np.ndarray:
-        parents = frontier.parent.numpy()
+        """[m] float64 predicted path values: the (corrected) conditional acceptance times the parent's value."""
+        parents = frontier.arrays()["parent"]
         if self._rows is not None:  # rows written straight into the predictor's matrix
             raw = self._rows.predict(frontier, self._context, parents)
         else:
@@ -251,15 +253,25 @@ class LearnedTree:
             best = float(np.max(p)) if len(p) else 0.0
             self._root_value = best if self._root_value is None else 0.5 * (self._root_value + best)
             return np.asarray(p, dtype=np.float64)
-        prev = np.concatenate(self._values)
-        return prev[parents] * p
+        return self._value[parents] * p
 
-    def _keep(self, value: np.ndarray) -> np.ndarray:
-        """Best value first while it clears the threshold, fits the node budget and pays for its verify cost."""
-        keep = np.zeros(value.shape[0], dtype=bool)
+    def _record(self, value: np.ndarray) -> None:
+        """Append a level's path values (0 where pruned) to the step's values by candidate index."""
+        end = self._count + len(value)
+        if end > len(self._value):
+            self._value = np.concatenate([self._value[: self._count], np.zeros(end)])
+        self._value[self._count:end] = value
+        self._count = end
+
+    def _keep(self, value: np.ndarray) -> list[bool]:
+        """Best value first while it clears the threshold, fits the node budget and pays for its verify cost.
+
+        Plain Python over the level's dozen values: cheaper than numpy calls right after a draft forward."""
+        values = value.tolist()
+        keep = [False] * len(values)
         timed = self.latency is not None
-        cap, threshold, values = self.budget.node_budget, self.budget.threshold, value.tolist()
-        for i in np.argsort(-value, kind="stable").tolist():
+        cap, threshold = self.budget.node_budget, self.budget.threshold
+        for i in sorted(range(len(values)), key=values.__getitem__, reverse=True):  # stable: ties by index
             v = values[i]
             if self._nodes >= cap or v < threshold:
                 break
@@ -270,20 +282,22 @@ class LearnedTree:
             self._nodes += 1
         return keep
 
-    def _expand(self, frontier: Frontier, value: np.ndarray, keep: np.ndarray) -> np.ndarray:
+    def _expand(self, frontier: Frontier, value: np.ndarray, keep: list[bool]) -> list[int]:
         """Draft children under kept nodes whose best child may clear the threshold, if the level pays off."""
-        children = np.zeros(value.shape[0], dtype=np.int64)
-        if frontier.depth >= self.budget.max_depth or not keep.any() or self._nodes >= self.budget.node_budget:
+        children = [0] * len(keep)
+        if frontier.depth >= self.budget.max_depth or not any(keep) or self._nodes >= self.budget.node_budget:
             return children
         rate = frontier.running_accept_rate
         est = PRIOR_ACCEPTANCE if rate != rate else max(rate, 1e-3)
-        want = keep & (value * est >= self.budget.threshold)
-        n = int(want.sum())
-        if n == 0:
+        threshold = self.budget.threshold
+        gains = [v * est for v in value.tolist()]
+        want = [i for i, (g, k) in enumerate(zip(gains, keep, strict=True)) if k and g >= threshold]
+        if not want:
             return children
-        level_ms = self._draft_time(n) if self.latency is not None else 0.0
-        if float((value[want] * est).sum()) < self._cost(level_ms):
+        level_ms = self._draft_time(len(want)) if self.latency is not None else 0.0
+        if sum(gains[i] for i in want) < self._cost(level_ms):
             return children
         self._draft_ms += level_ms
-        children[want] = self.budget.max_width
+        for i in want:
+            children[i] = self.budget.max_width
         return children

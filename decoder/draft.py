@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Generator
 from dataclasses import dataclass, replace
@@ -54,6 +55,8 @@ class _Expanded:
 
     probs: torch.Tensor  # [e, V] draft distribution at each expanded node (CPU)
     counts: np.ndarray  # [e] int64 children to draft for each
+    kmax: int  # max(counts), >= 1
+    uniform: bool  # every count equals kmax (static and learned trees)
     cand_idx: np.ndarray  # [e] int64 candidate index (-1 for the root), increasing
     fed_slot: np.ndarray  # [e] int64 draft-cache slot among this step's fed nodes (-1 for the root)
     path_lp: np.ndarray  # [e] float32
@@ -67,8 +70,7 @@ def _children(exp: _Expanded, mode: DraftMode, gen: torch.Generator | None, entr
     policies and node logs read.
     """
     probs = exp.probs  # [e, V] on the CPU
-    counts = exp.counts
-    e, kmax = probs.shape[0], int(counts.max())
+    e, kmax = probs.shape[0], exp.kmax
     top = torch.topk(probs, min(max(kmax, 2), probs.shape[-1]), dim=-1)  # children (top-k mode) and the margin
     values = top.values.numpy()
     if mode == "sampled":
@@ -79,11 +81,12 @@ def _children(exp: _Expanded, mode: DraftMode, gen: torch.Generator | None, entr
     margin = values[:, 0] - (values[:, 1] if values.shape[1] > 1 else 0)
     ent = _entropy(probs) if entropy else np.full(e, np.nan, dtype=np.float32)
     # numpy from here: small arrays, where each torch op's dispatch costs more than its work
-    if bool((counts == kmax).all()):  # every row drafts kmax children (static and learned trees do)
-        rows, rank = np.repeat(np.arange(e), kmax), np.tile(np.arange(kmax), e)
+    if exp.uniform:  # every row drafts kmax children
+        rows, rank = _grid(e, kmax)
+        rank = rank.copy()  # the frontier hands it to the policy as a tensor: its own, writable
         tok, p = tok.ravel(), p.ravel()
     else:
-        rows, rank = np.nonzero(np.arange(kmax)[None, :] < counts[:, None])  # row-major: rows ascending
+        rows, rank = np.nonzero(np.arange(kmax)[None, :] < exp.counts[:, None])  # row-major: rows ascending
         tok, p = tok[rows, rank], p[rows, rank]
     lp = np.log(np.maximum(p, 1e-30))
     cols = {
@@ -92,6 +95,15 @@ def _children(exp: _Expanded, mode: DraftMode, gen: torch.Generator | None, entr
         "path_logprob": exp.path_lp[rows] + lp, "parent_draft_prob": exp.prob[rows],
     }
     return cols
+
+
+@functools.lru_cache(maxsize=256)
+def _grid(e: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Read-only row and rank of each of ``e * k`` children, row-major; cached: two Python-level numpy
+    calls (``repeat``, ``tile``) cost ~30 us right after a draft forward, a cache hit ~1 us."""
+    rows, rank = np.repeat(np.arange(e), k), np.tile(np.arange(k), e)
+    rows.flags.writeable = rank.flags.writeable = False
+    return rows, rank
 
 
 def _entropy(probs: torch.Tensor) -> np.ndarray:
@@ -142,7 +154,7 @@ class Drafter:
         t0 = time.perf_counter()
         plan = self.policy.plan(frontier)
         if frontier.depth >= self.ctx.max_depth:
-            plan = replace(plan, children=torch.zeros_like(plan.children))
+            plan = replace(plan, children=np.zeros_like(plan.children))
         self.policy_s += time.perf_counter() - t0
         return plan
 
@@ -156,7 +168,7 @@ class Drafter:
             tokens=t(level["tokens"]), parent=t(level["parent"]), sibling_rank=t(level["sibling_rank"]),
             draft_logprob=t(level["draft_logprob"]), draft_entropy=t(level["draft_entropy"]),
             draft_margin=t(level["draft_margin"]), path_logprob=t(level["path_logprob"]),
-            parent_draft_prob=t(level["parent_draft_prob"]),
+            parent_draft_prob=t(level["parent_draft_prob"]), columns=level,
         )
 
     def _root(self) -> Generator[Feed, torch.Tensor, _Expanded | None]:
@@ -165,7 +177,7 @@ class Drafter:
         root = {"tokens": self.seq[-1:].cpu().numpy(), "parent": np.full(1, -1), "sibling_rank": np.zeros(1, np.int64),
                 "draft_logprob": zero, "draft_entropy": zero, "draft_margin": one, "path_logprob": zero,
                 "parent_draft_prob": one}
-        counts = np.maximum(self._plan(self._frontier(0, root)).children.numpy()[:1], 0).astype(np.int64)
+        counts = np.maximum(self._plan(self._frontier(0, root)).children[:1], 0).astype(np.int64)
         if int(counts[0]) == 0:
             return None  # plain step: the draft cache catches up on a later step
         c = self.seq.numel() - self.cached
@@ -174,18 +186,18 @@ class Drafter:
         probs = self._probs((yield Feed(self.seq[self.cached:], pos, chain, commit=c, keep=1, causal=True)))  # [1, V]
         self.cand_probs[-1] = probs[0]
         minus = np.full(1, -1)
-        return _Expanded(probs, counts, minus, minus, zero, one)
+        return _Expanded(probs, counts, int(counts[0]), True, minus, minus, zero, one)
 
     def _level(self, exp: _Expanded, depth: int) -> Generator[Feed, torch.Tensor, _Expanded | None]:
         """Draft the children of ``exp``, let the policy prune them, and expand the chosen ones."""
         level = _children(exp, self.mode, self.gen, self.ctx.entropy)
         plan = self._plan(self._frontier(depth, level))
-        keep = plan.keep.numpy().astype(bool)  # a copy: the policy's tensor stays its own
+        keep = plan.keep.astype(bool)  # a copy: the policy's array stays its own
         m = keep.shape[0]
         self.n_kept += int(keep.sum())
         level["keep"], level["depth"], level["fed_slot"] = keep, np.full(m, depth), np.full(m, -1)
         self.levels.append(level)
-        counts = np.where(keep, np.maximum(plan.children.numpy(), 0), 0).astype(np.int64)
+        counts = np.where(keep, np.maximum(plan.children, 0), 0).astype(np.int64)
         rows = np.flatnonzero(counts)
         start = self.offset
         self.offset += m
@@ -214,7 +226,9 @@ class Drafter:
         level["fed_slot"][rows] = slots
         self.cand_probs.update(zip((rows + start).tolist(), probs, strict=True))
         prob = torch.from_numpy(level["draft_logprob"][rows]).exp().numpy()  # torch's exp, as node logs have it
-        return _Expanded(probs, counts, rows + start, slots, level["path_logprob"][rows], prob)
+        c = counts.tolist()  # a dozen ints: Python's max/min beat two numpy reductions
+        kmax = max(c)
+        return _Expanded(probs, counts, kmax, min(c) == kmax, rows + start, slots, level["path_logprob"][rows], prob)
 
     def _result(self) -> DraftResult:
         """Apply the policy's final selection, keep the tree connected, and index it."""

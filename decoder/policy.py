@@ -8,6 +8,7 @@ candidates enter the tree and how many children each kept one drafts next (0 = l
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import ClassVar, Protocol, runtime_checkable
 
@@ -18,6 +19,9 @@ from .errors import TreewiseError
 from .nodelog import NUMPY_TYPES, TOKEN_TYPES, feature_columns
 
 _TYPE_NAMES = np.asarray(TOKEN_TYPES, dtype=object)
+# The per-candidate columns of a Frontier, by field name.
+_COLUMNS = ("tokens", "parent", "sibling_rank", "draft_logprob", "draft_entropy", "draft_margin", "path_logprob",
+            "parent_draft_prob")
 _SPECIAL = TOKEN_TYPES.index("special")
 
 
@@ -55,10 +59,19 @@ class Frontier:
     running_accept_rate: float = float("nan")
     prev_accepted: int = -1
     token_type_table: np.ndarray | None = field(default=None, repr=False)  # [V] index into TOKEN_TYPES
+    # The same columns as numpy arrays sharing the tensors' memory, keyed by field name, when the drafter built
+    # this frontier (a hot policy reads them without a ``.numpy()`` call per column); None otherwise.
+    columns: Mapping[str, np.ndarray] | None = field(default=None, repr=False, compare=False)
 
     @property
     def size(self) -> int:
-        return int(self.tokens.numel())
+        return int(self.tokens.shape[0])
+
+    def arrays(self) -> Mapping[str, np.ndarray]:
+        """The candidate columns as numpy arrays (``columns`` when the drafter gave them), by field name."""
+        if self.columns is not None:
+            return self.columns
+        return {n: getattr(self, n).numpy() for n in _COLUMNS}
 
     def features(self) -> dict[str, np.ndarray]:
         """Node-log feature columns for these candidates (what a learned predictor consumes)."""
@@ -129,15 +142,26 @@ def candidate_features(c: Frontier | Candidates, depth: np.ndarray, token_type: 
 
 @dataclass(frozen=True)
 class LevelPlan:
-    """A policy's answer for one frontier."""
+    """A policy's answer for one frontier, held as numpy arrays: a policy may pass torch tensors, which are
+    converted here (the drafter's bookkeeping is numpy, and a torch op per answer cost ~10 us after a forward)."""
 
-    keep: torch.Tensor  # [m] bool: candidates that enter the tree (ignored at the root level)
-    children: torch.Tensor  # [m] int: children to draft for each kept candidate (0 = leaf)
+    keep: np.ndarray  # [m] bool: candidates that enter the tree (ignored at the root level)
+    children: np.ndarray  # [m] int: children to draft for each kept candidate (0 = leaf)
+
+    def __post_init__(self) -> None:
+        for name in ("keep", "children"):
+            value = getattr(self, name)
+            if isinstance(value, torch.Tensor):
+                object.__setattr__(self, name, value.numpy(force=True))
+            elif not isinstance(value, np.ndarray):
+                object.__setattr__(self, name, np.asarray(value))
 
     @classmethod
-    def uniform(cls, m: int, children: int, keep: torch.Tensor | None = None) -> LevelPlan:
-        keep_t = torch.ones(m, dtype=torch.bool) if keep is None else keep
-        return cls(keep=keep_t, children=torch.where(keep_t, children, 0))
+    def uniform(cls, m: int, children: int, keep: np.ndarray | torch.Tensor | None = None) -> LevelPlan:
+        if keep is None:
+            return cls(keep=np.ones(m, dtype=bool), children=np.full(m, children, dtype=np.int64))
+        kept = keep.numpy(force=True) if isinstance(keep, torch.Tensor) else np.asarray(keep, dtype=bool)
+        return cls(keep=kept, children=np.where(kept, children, 0))
 
 
 @dataclass(frozen=True)

@@ -36,16 +36,19 @@ class DraftTree:
         if plist[0] != -1:
             raise TreewiseError("node 0 must be the root: parents[0] must be -1")
         dlist = [0] * n
+        rows, cols = list(range(n)), list(range(n))  # the (node, ancestor-or-self) pairs of the mask
         for i in range(1, n):  # parents come first
             p = plist[i]
             if not 0 <= p < i:
                 raise TreewiseError("parents must point to earlier nodes (topological order, parents[i] < i)")
             dlist[i] = dlist[p] + 1
-        par, depth = parents_t.numpy(), np.asarray(dlist, dtype=np.int64)
-        anc = np.eye(n, dtype=bool)
-        for level in range(1, max(dlist) + 1):  # one vectorised update per level: inherit the parent's row
-            rows = np.flatnonzero(depth == level)
-            anc[rows] |= anc[par[rows]]
+            while p >= 0:  # about n * depth pairs: a few dozen, cheaper in Python than numpy calls per level
+                rows.append(i)
+                cols.append(p)
+                p = plist[p]
+        depth = np.asarray(dlist, dtype=np.int64)
+        anc = np.zeros((n, n), dtype=bool)
+        anc[rows, cols] = True
         depth_t = torch.from_numpy(depth)
         return cls(tokens=tokens_t, parents=parents_t,
                    depth=depth_t if tokens_t.device.type == "cpu" else depth_t.to(tokens_t.device),

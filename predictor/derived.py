@@ -96,20 +96,26 @@ def derived_columns(columns: Mapping[str, np.ndarray], request: np.ndarray, cond
     return {k: v.astype(np.float32) for k, v in out.items()}
 
 
+def _parent_rows(n: int) -> np.ndarray:
+    rows = np.zeros((n, 2), dtype=np.float32)
+    rows[0] = np.nan
+    return rows
+
+
 @dataclass
 class RequestFeatures:
     """The derived features while decoding one request: call ``start`` per request, ``begin_step`` at a
     step's root, ``add`` for each level's features (fills the derived columns in place) and ``observe``
     after each verified step (a step that drafted nothing is observed as 0 accepted, 0 tried).
 
-    A caller that fills its own rows uses ``recent_accepted`` / ``recent_rate``, ``parent_values`` and
+    A caller that fills its own rows uses ``recent_accepted`` / ``recent_rate``, ``parent_rows`` and
     ``push`` instead of ``add`` (``controller.features``): the same numbers without the dict.
     """
 
     recent_accepted: float = math.nan
     recent_rate: float = math.nan
-    _margin: np.ndarray = field(default_factory=lambda: np.zeros(256, dtype=np.float32), repr=False)
-    _entropy: np.ndarray = field(default_factory=lambda: np.zeros(256, dtype=np.float32), repr=False)
+    # Row i + 1: (draft_margin, draft_entropy) of this step's candidate i; row 0 is NaN, what a root child reads.
+    _parents: np.ndarray = field(default_factory=lambda: _parent_rows(256), repr=False)  # [cap + 1, 2] float32
     _count: int = field(default=0, repr=False)  # this step's candidates pushed so far
 
     def start(self) -> None:
@@ -119,25 +125,27 @@ class RequestFeatures:
     def begin_step(self) -> None:
         self._count = 0
 
+    def parent_rows(self, parent: np.ndarray) -> np.ndarray:
+        """[m, 2] float32 (parent_margin, parent_entropy) of each candidate, NaN under the root; ``parent``:
+        candidate index in the step, -1 for the root. One gather: the hot path of ``controller.features``."""
+        return self._parents[parent + 1]
+
     def parent_values(self, parent: np.ndarray) -> dict[str, np.ndarray]:
         """``parent_margin`` and ``parent_entropy`` ([m] float32, NaN under the root) of each candidate;
         ``parent``: candidate index in the step, -1 for the root."""
-        if self._count == 0:
-            return {n: np.full(len(parent), np.nan, dtype=np.float32) for n in ("parent_margin", "parent_entropy")}
-        has = parent >= 0
-        idx = np.where(has, parent, 0)
-        return {"parent_margin": np.where(has, self._margin[idx], np.float32(np.nan)),
-                "parent_entropy": np.where(has, self._entropy[idx], np.float32(np.nan))}
+        rows = self.parent_rows(np.asarray(parent))
+        return {"parent_margin": rows[:, 0], "parent_entropy": rows[:, 1]}
 
     def push(self, margin: np.ndarray, entropy: np.ndarray) -> None:
         """Record one level's candidates (in candidate order) as the parents of the next level."""
-        end = self._count + len(margin)
-        if end > len(self._margin):
-            self._margin = np.resize(self._margin, 2 * end)
-            self._entropy = np.resize(self._entropy, 2 * end)
-        self._margin[self._count:end] = margin
-        self._entropy[self._count:end] = entropy
-        self._count = end
+        start, end = self._count + 1, self._count + 1 + len(margin)
+        if end > len(self._parents):
+            grown = _parent_rows(2 * end)
+            grown[:start] = self._parents[:start]
+            self._parents = grown
+        self._parents[start:end, 0] = margin
+        self._parents[start:end, 1] = entropy
+        self._count += len(margin)
 
     def add(self, features: dict[str, np.ndarray], parent: np.ndarray) -> dict[str, np.ndarray]:
         """Add the derived columns to one level's features; ``parent``: candidate index in the step, -1 root."""

@@ -163,7 +163,7 @@ def test_real_predictor_satisfies_the_protocol(tmp_path) -> None:
     policy.start(type("R", (), {"domain": "code", "prompt": ""})())
     policy._plan_root(f)
     plan = policy.plan(f)
-    assert plan.keep.dtype == torch.bool and plan.keep.shape == (2,)
+    assert plan.keep.dtype == np.bool_ and plan.keep.shape == (2,)
 
 
 def test_budgeted_tree_picks_family_per_domain(dec) -> None:
