@@ -3,11 +3,11 @@
 ``Frontier.numeric_features()`` builds a dict of ~17 arrays per level, which the predictor then copies
 column by column into its float64 matrix: about 0.2 ms a step on this CPU, more than the compiled trees
 themselves. A predictor that also offers ``predict_prefix`` (rows in ``feature_names`` order, categoricals
-as their ``category_code``) gets the matrix filled here instead: the request's scalars in one assignment
-(computed once per step), the frontier's arrays in one block, the parents' columns in one gather. Values
-are cast through the node log's types first (float32 rates, integer depths) so the trees see exactly the
-numbers training saw; ``tests/controller/test_features.py`` checks the rows against the dict path on a
-real decode.
+as their ``category_code``) gets the matrix filled here instead: the scalars a step's levels share written
+into every row once per step, depth and position per level, the frontier's arrays in one block, the
+parents' columns in one gather. Values are cast through the node log's types first (float32 rates,
+integer depths) so the trees see exactly the numbers training saw; ``tests/controller/test_features.py``
+checks the rows against the dict path on a real decode.
 """
 
 from __future__ import annotations
@@ -78,11 +78,10 @@ class FeatureRows:
     model: MatrixAcceptanceModel
     domain: str
     _x: np.ndarray = field(init=False, repr=False)  # [capacity, F] float64, C order
-    _scalar_cols: Columns = field(init=False, repr=False)  # columns of the per-level scalars
-    _scalars: list[Scalar] = field(init=False, repr=False)
-    _depth_slots: list[tuple[int, Scalar]] = field(default_factory=list, init=False, repr=False)
-    _row: list[float] = field(default_factory=list, init=False, repr=False)  # the scalars of the last frontier
-    _row_key: tuple[object, ...] = field(default=(), init=False, repr=False)  # what _row was computed from
+    _step_cols: Columns = field(init=False, repr=False)  # columns of the scalars shared by a step's levels ...
+    _step_scalars: list[Scalar] = field(init=False, repr=False)  # ... and their values
+    _step_key: tuple[object, ...] = field(default=(), init=False, repr=False)  # what the buffer's step columns hold
+    _level_scalars: list[tuple[int, Scalar]] = field(default_factory=list, init=False, repr=False)  # depth, position
     _array_cols: Columns = field(init=False, repr=False)  # columns taken from the frontier's arrays ...
     _array_keys: list[str] = field(default_factory=list, init=False, repr=False)  # ... and their keys
     _parents: bool = field(default=False, init=False, repr=False)  # the model reads a parent column
@@ -111,9 +110,9 @@ class FeatureRows:
         names = list(self.model.feature_names)
         self._x = np.zeros((64, len(names)), dtype=np.float64)
         scalars = [n for n in names if n in _SCALARS]
-        self._scalar_cols = _columns([names.index(n) for n in scalars])
-        self._scalars = [_typed(n, _SCALARS[n]) for n in scalars]
-        self._depth_slots = [(i, self._scalars[i]) for i, n in enumerate(scalars) if n in _BY_DEPTH]
+        self._step_cols = _columns([names.index(n) for n in scalars if n not in _BY_DEPTH])
+        self._step_scalars = [_typed(n, _SCALARS[n]) for n in scalars if n not in _BY_DEPTH]
+        self._level_scalars = [(names.index(n), _typed(n, _SCALARS[n])) for n in scalars if n in _BY_DEPTH]
         arrays = [n for n in names if n in _ARRAYS]
         self._array_cols = _columns([names.index(n) for n in arrays])
         self._array_keys = [_ARRAYS[n] for n in arrays]
@@ -149,10 +148,12 @@ class FeatureRows:
         m = frontier.size
         if m > self._x.shape[0]:
             grown = np.empty((max(m, 2 * self._x.shape[0]), self._x.shape[1]), dtype=np.float64)
-            grown[:] = self._x[0]  # keeps the domain column
+            grown[:] = self._x[0]  # keeps the domain column and the step's scalars
             self._x = grown
+        self._fill_step_scalars(frontier, context)
         x = self._x[:m]
-        x[:, self._scalar_cols] = self._scalar_row(frontier, context)
+        for j, get in self._level_scalars:
+            x[:, j] = get(frontier, context)
         cols = frontier.arrays()
         if self._array_keys:  # one [K, m] float64 block from the level's arrays (np.array is one C call)
             x[:, self._array_cols] = np.array([cols[k] for k in self._array_keys], dtype=np.float64).T
@@ -165,13 +166,10 @@ class FeatureRows:
         context.push(cols["draft_margin"], cols["draft_entropy"])
         return m
 
-    def _scalar_row(self, f: Frontier, c: RequestFeatures) -> list[float]:
-        """The scalar columns' values: computed once per step, then only depth and position per level."""
+    def _fill_step_scalars(self, f: Frontier, c: RequestFeatures) -> None:
+        """Write the scalars every level of a step shares into every row of the buffer, once per step."""
         key = (f.step, f.position, f.prompt_len, f.running_accept_rate, f.prev_accepted, f.temperature,
                c.recent_accepted, c.recent_rate)
-        if key != self._row_key:  # a NaN equals only itself (the same object): else recomputed, never stale
-            self._row, self._row_key = [get(f, c) for get in self._scalars], key
-        else:
-            for i, get in self._depth_slots:
-                self._row[i] = get(f, c)
-        return self._row
+        if key != self._step_key:  # a NaN equals only itself (the same object): else rewritten, never stale
+            self._x[:, self._step_cols] = [get(f, c) for get in self._step_scalars]
+            self._step_key = key

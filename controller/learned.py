@@ -70,6 +70,11 @@ class _Level:
     keep: np.ndarray
 
 
+def _frozen_plan(plan: LevelPlan) -> LevelPlan:
+    plan.keep.flags.writeable = plan.children.flags.writeable = False
+    return plan
+
+
 @dataclass(frozen=True)
 class TriedNodes:
     """One step's tried nodes (verified, their parent accepted): the global prediction of each and whether
@@ -127,6 +132,8 @@ class LearnedTree:
     _rows: FeatureRows | None = field(default=None, init=False, repr=False)  # None: the dict path
     _target: list[float] = field(default_factory=list, init=False, repr=False)  # target ms by verified nodes
     _draft: list[float] = field(default_factory=list, init=False, repr=False)  # draft ms by fed nodes
+    _roots: tuple[LevelPlan, LevelPlan] = field(  # the root's answers: plain step, draft; set by start
+        default_factory=lambda: (_frozen_plan(LevelPlan.uniform(1, 0)),) * 2, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.online is not None:
@@ -175,6 +182,8 @@ class LearnedTree:
         lat = self.latency
         self._target = [lat.target_time(n) for n in sizes] if lat is not None else []
         self._draft = [lat.draft_time(n) for n in sizes] if lat is not None else []
+        # The root's two answers, built once: a plain step, or max_width children (read-only: shared by steps).
+        self._roots = (_frozen_plan(LevelPlan.uniform(1, 0)), _frozen_plan(LevelPlan.uniform(1, self.budget.max_width)))
         self._context.start()
         self._calibrator.reset()
         self._step = []
@@ -234,7 +243,7 @@ class LearnedTree:
         verify_ms = self._target_ms(2) - self._target_ms(1) if self.latency is not None else 0.0
         worth = est >= self._cost(self._draft_ms + verify_ms)
         allowed = self.guard.allow() if self.guard is not None else True
-        return LevelPlan.uniform(1, self.budget.max_width if (worth or probe) and allowed else 0)
+        return self._roots[1 if (worth or probe) and allowed else 0]
 
     def _values_of(self, frontier: Frontier) -> np.ndarray:
         """[m] float64 predicted path values: the (corrected) conditional acceptance times the parent's value."""

@@ -31,6 +31,9 @@ def keep_rows(cache: DynamicCache, committed: int, rows: torch.Tensor | list[int
         lead += 1
     move = wanted[lead:]
     crop = cache.get_seq_length() != new_len  # a plain step keeps exactly what it fed: nothing to do
+    # One consecutive run of source rows that does not overlap its destination (one accepted node past the
+    # in-place ones, or a chain of them) is copied through slices: no index tensor, cheaper per layer.
+    run = bool(move) and move[-1] - move[0] == len(move) - 1 and move[0] - (committed + lead) >= len(move)
     idx: torch.Tensor | None = None
     for layer in cache.layers:
         if type(layer) is not DynamicLayer:
@@ -38,7 +41,10 @@ def keep_rows(cache: DynamicCache, committed: int, rows: torch.Tensor | list[int
                                 "decode with a plain DynamicCache() (treewise masks sliding windows instead)")
         if not layer.is_initialized:
             continue
-        if move:
+        if run:
+            layer.keys[..., committed + lead:new_len, :] = layer.keys[..., move[0]:move[-1] + 1, :]
+            layer.values[..., committed + lead:new_len, :] = layer.values[..., move[0]:move[-1] + 1, :]
+        elif move:
             if idx is None:  # one index tensor for every layer (they share a device in a solo decode)
                 idx = torch.tensor(move, dtype=torch.long, device=layer.keys.device)
             elif idx.device != layer.keys.device:

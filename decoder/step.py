@@ -146,7 +146,8 @@ class StepCore:
 
     def _emit(self, req: _Request, tree: DraftTree, acc: Acceptance) -> list[int]:
         """Accepted tokens plus the bonus, cut at EOS, max_new_tokens and the context length."""
-        proposed = tree.tokens[acc.path[1:]].tolist() + [acc.bonus]
+        tokens = tree.tokens.tolist()  # a list lookup per accepted node: cheaper than a torch index op
+        proposed = [tokens[i] for i in acc.path[1:]] + [acc.bonus]
         emitted: list[int] = []
         for token in proposed:
             emitted.append(token)

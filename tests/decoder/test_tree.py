@@ -67,6 +67,18 @@ def test_chain_then_tree_mask(parents: list[int], past: int, chain: int) -> None
         assert torch.equal(row[chain:], tree.ancestor_mask[i])
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.float64, torch.bfloat16])
+def test_mask_values_in_every_dtype(dtype: torch.dtype) -> None:
+    """The CPU fast path (numpy, for dtypes numpy has) and the torch path give the same additive mask: 0 where
+    visible, the dtype's minimum elsewhere, the cached prefix always visible."""
+    vis = torch.rand(5, 7, generator=torch.Generator().manual_seed(0)) > 0.5
+    mask = tree_attention_mask(vis, 11, dtype)
+    assert mask.dtype == dtype and mask.shape == (1, 1, 5, 18)
+    want = torch.zeros(5, 18, dtype=dtype)
+    want[:, 11:][~vis] = torch.finfo(dtype).min
+    assert torch.equal(mask[0, 0], want)
+
+
 def test_bad_trees_raise() -> None:
     with pytest.raises(TreewiseError, match="root"):
         DraftTree.from_parents([0, 0], [1, 2])
