@@ -79,9 +79,6 @@ class DraftTree:
         return torch.nonzero(self.ancestor_mask[node]).flatten().tolist()
 
 
-_NUMPY_DTYPES = {torch.float32: np.float32, torch.float64: np.float64, torch.float16: np.float16}
-
-
 def tree_attention_mask(visible_new: torch.Tensor, past_len: int, dtype: torch.dtype,
                         positions: torch.Tensor | None = None, window: int | None = None) -> torch.Tensor:
     """Additive 4-D mask [1, 1, q, past_len + t] for one forward over q new tokens.
@@ -93,12 +90,7 @@ def tree_attention_mask(visible_new: torch.Tensor, past_len: int, dtype: torch.d
     position i (compaction keeps only the committed prefix), so the window counts along each node's path.
     """
     q, t = visible_new.shape
-    if window is None and visible_new.device.type == "cpu" and dtype in _NUMPY_DTYPES:
-        # The common case on the CPU: three numpy calls, about half the time of the same torch ops at this size.
-        np_mask = np.zeros((q, past_len + t), dtype=_NUMPY_DTYPES[dtype])
-        np_mask[:, past_len:] = np.where(visible_new.numpy(), 0, np.finfo(np_mask.dtype).min)
-        return torch.from_numpy(np_mask)[None, None]
-    if window is None:  # only the uncached slots can be hidden
+    if window is None:  # the common case in a few ops: only the uncached slots can be hidden
         mask = torch.zeros(q, past_len + t, dtype=dtype, device=visible_new.device)
         mask[:, past_len:].masked_fill_(~visible_new, torch.finfo(dtype).min)
         return mask[None, None]

@@ -69,8 +69,7 @@ def test_chain_then_tree_mask(parents: list[int], past: int, chain: int) -> None
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.float64, torch.bfloat16])
 def test_mask_values_in_every_dtype(dtype: torch.dtype) -> None:
-    """The CPU fast path (numpy, for dtypes numpy has) and the torch path give the same additive mask: 0 where
-    visible, the dtype's minimum elsewhere, the cached prefix always visible."""
+    """The additive mask: 0 where visible, the dtype's minimum elsewhere, the cached prefix always visible."""
     vis = torch.rand(5, 7, generator=torch.Generator().manual_seed(0)) > 0.5
     mask = tree_attention_mask(vis, 11, dtype)
     assert mask.dtype == dtype and mask.shape == (1, 1, 5, 18)
