@@ -149,19 +149,22 @@ class LevelPlan:
     children: np.ndarray  # [m] int: children to draft for each kept candidate (0 = leaf)
 
     def __post_init__(self) -> None:
-        for name in ("keep", "children"):
-            value = getattr(self, name)
-            if isinstance(value, torch.Tensor):
-                object.__setattr__(self, name, value.numpy(force=True))
-            elif not isinstance(value, np.ndarray):
-                object.__setattr__(self, name, np.asarray(value))
+        object.__setattr__(self, "keep", _numpy(self.keep))
+        object.__setattr__(self, "children", _numpy(self.children))
 
     @classmethod
     def uniform(cls, m: int, children: int, keep: np.ndarray | torch.Tensor | None = None) -> LevelPlan:
         if keep is None:
             return cls(keep=np.ones(m, dtype=bool), children=np.full(m, children, dtype=np.int64))
-        kept = keep.numpy(force=True) if isinstance(keep, torch.Tensor) else np.asarray(keep, dtype=bool)
+        kept = _numpy(keep).astype(bool, copy=False)
         return cls(keep=kept, children=np.where(kept, children, 0))
+
+
+def _numpy(value: np.ndarray | torch.Tensor | list) -> np.ndarray:
+    """A policy's answer as a numpy array (a CPU tensor's memory is shared, not copied)."""
+    if isinstance(value, np.ndarray):
+        return value
+    return value.numpy(force=True) if isinstance(value, torch.Tensor) else np.asarray(value)
 
 
 @dataclass(frozen=True)
