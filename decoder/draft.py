@@ -160,15 +160,10 @@ class Drafter:
 
     def _frontier(self, depth: int, level: dict[str, np.ndarray]) -> Frontier:
         c = self.ctx
-        t = torch.from_numpy  # the policy's view shares the level's memory
         return Frontier(
             depth=depth, step=c.step, position=c.position, prompt_len=c.prompt_len, domain=c.domain,
-            temperature=self.sampling.temperature, tree_size=self.n_kept, max_depth=c.max_depth,
+            temperature=self.sampling.temperature, tree_size=self.n_kept, max_depth=c.max_depth, columns=level,
             running_accept_rate=c.running_accept_rate, prev_accepted=c.prev_accepted, token_type_table=c.token_types,
-            tokens=t(level["tokens"]), parent=t(level["parent"]), sibling_rank=t(level["sibling_rank"]),
-            draft_logprob=t(level["draft_logprob"]), draft_entropy=t(level["draft_entropy"]),
-            draft_margin=t(level["draft_margin"]), path_logprob=t(level["path_logprob"]),
-            parent_draft_prob=t(level["parent_draft_prob"]), columns=level,
         )
 
     def _root(self) -> Generator[Feed, torch.Tensor, _Expanded | None]:

@@ -36,9 +36,16 @@ class RequestInfo:
     prompt: str = ""  # the prompt text (decoded when token ids were given), e.g. for domain="auto"
 
 
+def _column(name: str, doc: str) -> property:
+    return property(lambda self: torch.from_numpy(self.columns[name]), doc=f"[m] tensor view: {doc}")
+
+
 @dataclass(frozen=True)
 class Frontier:
-    """Candidates at one depth of the tree being drafted (all tensors [m], on the CPU)."""
+    """Candidates at one depth of the tree being drafted: per-candidate columns ([m] numpy arrays, read as
+    ``arrays()`` or as tensor views like ``frontier.tokens``) and the step's scalars.
+
+    The drafter builds one per level from its own numpy columns; ``Frontier.of`` builds one from tensors."""
 
     depth: int  # 0 for the root level
     step: int
@@ -48,30 +55,42 @@ class Frontier:
     temperature: float
     tree_size: int  # nodes already kept in the tree, root excluded
     max_depth: int  # deepest level the decoder allows this step (stop and context limits)
-    tokens: torch.Tensor
-    parent: torch.Tensor  # candidate index of the parent in the whole step, -1 for the root
-    sibling_rank: torch.Tensor
-    draft_logprob: torch.Tensor
-    draft_entropy: torch.Tensor
-    draft_margin: torch.Tensor
-    path_logprob: torch.Tensor
-    parent_draft_prob: torch.Tensor
+    # Every name of _COLUMNS -> [m] array; tensors are made only when a policy reads one (torch.from_numpy
+    # per column and level cost ~15 us a level right after a draft forward, for policies that read none).
+    columns: Mapping[str, np.ndarray] = field(repr=False, compare=False)
     running_accept_rate: float = float("nan")
     prev_accepted: int = -1
     token_type_table: np.ndarray | None = field(default=None, repr=False)  # [V] index into TOKEN_TYPES
-    # The same columns as numpy arrays sharing the tensors' memory, keyed by field name, when the drafter built
-    # this frontier (a hot policy reads them without a ``.numpy()`` call per column); None otherwise.
-    columns: Mapping[str, np.ndarray] | None = field(default=None, repr=False, compare=False)
+
+    tokens = _column("tokens", "draft token ids")
+    parent = _column("parent", "candidate index of the parent in the whole step, -1 for the root")
+    sibling_rank = _column("sibling_rank", "rank among its siblings by draft probability")
+    draft_logprob = _column("draft_logprob", "log draft probability")
+    draft_entropy = _column("draft_entropy", "entropy of the distribution it was drafted from")
+    draft_margin = _column("draft_margin", "top-1 minus top-2 probability of that distribution")
+    path_logprob = _column("path_logprob", "summed draft log probability from the root")
+    parent_draft_prob = _column("parent_draft_prob", "the parent's own draft probability")
+
+    @classmethod
+    def of(cls, *, tokens: torch.Tensor | np.ndarray, parent: torch.Tensor | np.ndarray,
+           sibling_rank: torch.Tensor | np.ndarray, draft_logprob: torch.Tensor | np.ndarray,
+           draft_entropy: torch.Tensor | np.ndarray, draft_margin: torch.Tensor | np.ndarray,
+           path_logprob: torch.Tensor | np.ndarray, parent_draft_prob: torch.Tensor | np.ndarray,
+           **scalars: object) -> Frontier:
+        """A frontier from per-candidate tensors or arrays (CPU, sharing their memory) and the scalar fields."""
+        given = (tokens, parent, sibling_rank, draft_logprob, draft_entropy, draft_margin, path_logprob,
+                 parent_draft_prob)
+        cols = {n: v.numpy() if isinstance(v, torch.Tensor) else np.asarray(v)
+                for n, v in zip(_COLUMNS, given, strict=True)}
+        return cls(columns=cols, **scalars)  # type: ignore[arg-type]
 
     @property
     def size(self) -> int:
-        return int(self.tokens.shape[0])
+        return len(self.columns["tokens"])
 
     def arrays(self) -> Mapping[str, np.ndarray]:
-        """The candidate columns as numpy arrays (``columns`` when the drafter gave them), by field name."""
-        if self.columns is not None:
-            return self.columns
-        return {n: getattr(self, n).numpy() for n in _COLUMNS}
+        """The candidate columns as numpy arrays, by name (the drafter's own: do not write into them)."""
+        return self.columns
 
     def features(self) -> dict[str, np.ndarray]:
         """Node-log feature columns for these candidates (what a learned predictor consumes)."""

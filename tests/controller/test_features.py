@@ -30,7 +30,7 @@ def _frontier(depth: int, parent: list[int], seed: int) -> Frontier:
     g = torch.Generator().manual_seed(seed)
     m = len(parent)
     lp = -torch.rand(m, generator=g) * 3
-    return Frontier(
+    return Frontier.of(
         depth=depth, step=5, position=11, prompt_len=30, domain="code", temperature=0.0, tree_size=3, max_depth=6,
         tokens=torch.randint(0, 50, (m,), generator=g), parent=torch.tensor(parent),
         sibling_rank=torch.arange(m) % 2, draft_logprob=lp, draft_entropy=torch.rand(m, generator=g) * 4,

@@ -14,7 +14,7 @@ def _frontier(domain: str, table: bool = True) -> Frontier:
     g = torch.Generator().manual_seed(0)
     m = 7
     lp = -torch.rand(m, generator=g) * 3
-    return Frontier(
+    return Frontier.of(
         depth=2, step=5, position=11, prompt_len=30, domain=domain, temperature=0.0, tree_size=3, max_depth=6,
         tokens=torch.randint(0, 50, (m,), generator=g), parent=torch.tensor([0, 0, 0, 1, 1, 2, 2]),
         sibling_rank=torch.tensor([0, 1, 2, 0, 1, 0, 1]), draft_logprob=lp,

@@ -155,7 +155,7 @@ def test_real_predictor_satisfies_the_protocol(tmp_path) -> None:
     assert isinstance(model, AcceptanceModel)
     policy = LearnedTree(model, BudgetsFile(default=DomainBudget()))
     from decoder import Frontier
-    f = Frontier(depth=1, step=0, position=0, prompt_len=5, domain="code", temperature=0.0, tree_size=0,
+    f = Frontier.of(depth=1, step=0, position=0, prompt_len=5, domain="code", temperature=0.0, tree_size=0,
                  max_depth=4, tokens=torch.tensor([5, 6]), parent=torch.tensor([-1, -1]),
                  sibling_rank=torch.tensor([0, 1]), draft_logprob=torch.log(torch.tensor([0.6, 0.3])),
                  draft_entropy=torch.ones(2), draft_margin=torch.tensor([0.3, 0.3]),

@@ -24,19 +24,25 @@ def test_uniform_plans() -> None:
         assert plan.keep.tolist() == [True, False, True] and plan.children.tolist() == [4, 0, 4]
 
 
-def _frontier(columns: dict[str, np.ndarray] | None) -> Frontier:
+def _frontier() -> Frontier:
     t = {n: torch.arange(3) if n in ("tokens", "parent", "sibling_rank") else torch.rand(3)
          for n in ("tokens", "parent", "sibling_rank", "draft_logprob", "draft_entropy", "draft_margin",
                    "path_logprob", "parent_draft_prob")}
-    return Frontier(depth=1, step=0, position=0, prompt_len=4, domain="code", temperature=0.0, tree_size=0,
-                    max_depth=3, columns=columns, **t)
+    return Frontier.of(depth=1, step=0, position=0, prompt_len=4, domain="code", temperature=0.0, tree_size=0,
+                       max_depth=3, **t)
 
 
-def test_frontier_arrays_with_and_without_the_drafters_columns() -> None:
-    bare = _frontier(None)
-    arrays = bare.arrays()
+def test_frontier_columns_are_shared_by_arrays_and_tensor_views() -> None:
+    f = _frontier()
+    arrays = f.arrays()
     for name in ("tokens", "parent", "sibling_rank", "draft_logprob", "draft_entropy", "draft_margin",
                  "path_logprob", "parent_draft_prob"):
-        np.testing.assert_array_equal(arrays[name], getattr(bare, name).numpy())
+        view = getattr(f, name)
+        assert isinstance(view, torch.Tensor) and view.shape == (3,)
+        np.testing.assert_array_equal(arrays[name], view.numpy())
+        assert np.shares_memory(arrays[name], view.numpy())  # no copy either way
+    assert f.size == 3
     own = {"tokens": np.array([7, 8, 9])}
-    assert _frontier(own).arrays() is own  # the drafter's columns are handed over as they are
+    drafted = Frontier(depth=1, step=0, position=0, prompt_len=4, domain="code", temperature=0.0, tree_size=0,
+                       max_depth=3, columns=own)
+    assert drafted.arrays() is own and drafted.size == 3  # the drafter's columns are handed over as they are
