@@ -39,7 +39,7 @@ _SCALARS: dict[str, Scalar] = {
 }
 _BY_DEPTH = ("depth", "position")  # the only scalars that change between the levels of one step
 _PARENT = ("parent_margin", "parent_entropy")  # per candidate, looked up one level up
-_SPECIAL = TOKEN_TYPES.index("special")
+SPECIAL = TOKEN_TYPES.index("special")
 
 
 @runtime_checkable
@@ -77,6 +77,7 @@ class FeatureRows:
 
     model: MatrixAcceptanceModel
     domain: str
+    _names: list[str] = field(init=False, repr=False)  # the model's features, in matrix column order
     _x: np.ndarray = field(init=False, repr=False)  # [capacity, F] float64, C order
     _step_cols: Columns = field(init=False, repr=False)  # columns of the scalars shared by a step's levels ...
     _step_scalars: list[Scalar] = field(init=False, repr=False)  # ... and their values
@@ -107,7 +108,7 @@ class FeatureRows:
         return True
 
     def __post_init__(self) -> None:
-        names = list(self.model.feature_names)
+        names = self._names = list(self.model.feature_names)
         self._x = np.zeros((64, len(names)), dtype=np.float64)
         scalars = [n for n in names if n in _SCALARS]
         self._step_cols = _columns([names.index(n) for n in scalars if n not in _BY_DEPTH])
@@ -140,18 +141,41 @@ class FeatureRows:
         """The whole buffer; rows ``[:m]`` hold the last frontier filled."""
         return self._x
 
-    def fill(self, frontier: Frontier, context: RequestFeatures, parent: np.ndarray) -> int:
-        """Write the frontier's rows into the first ``frontier.size`` rows of ``matrix``; returns that count.
-
-        A handful of numpy calls per level, whatever the feature count: each call right after a model
-        forward costs several microseconds (cold caches), more than its work on a dozen rows."""
+    def prepare(self, frontier: Frontier, context: RequestFeatures) -> np.ndarray:
+        """The whole matrix, grown to hold the frontier, with the step's shared scalars written: what a caller
+        that writes the per-level columns itself (``controller.fused``) needs first."""
         m = frontier.size
         if m > self._x.shape[0]:
             grown = np.empty((max(m, 2 * self._x.shape[0]), self._x.shape[1]), dtype=np.float64)
             grown[:] = self._x[0]  # keeps the domain column and the step's scalars
             self._x = grown
         self._fill_step_scalars(frontier, context)
-        x = self._x[:m]
+        return self._x
+
+    def step_columns(self) -> list[int]:
+        """Matrix columns of the scalars a step's levels share, in ``step_values`` order."""
+        index = self._step_cols
+        return list(range(index.start, index.stop)) if isinstance(index, slice) else index.tolist()
+
+    def step_values(self, frontier: Frontier, context: RequestFeatures) -> list[float]:
+        """The step's shared scalars (any frontier of the step gives the same), typed as training saw them."""
+        return [get(frontier, context) for get in self._step_scalars]
+
+    def source_columns(self, sources: tuple[str, ...]) -> list[int]:
+        """The matrix column of each named feature, -1 for one the model does not read."""
+        return [self._names.index(n) if n in self._names else -1 for n in sources]
+
+    def type_codes(self) -> np.ndarray:
+        """[len(TOKEN_TYPES)] float64: the model's code of each token type (NaN if unseen); empty if unread."""
+        return self._type_codes if self._type_codes is not None else np.zeros(0)
+
+    def fill(self, frontier: Frontier, context: RequestFeatures, parent: np.ndarray) -> int:
+        """Write the frontier's rows into the first ``frontier.size`` rows of ``matrix``; returns that count.
+
+        A handful of numpy calls per level, whatever the feature count: each call right after a model
+        forward costs several microseconds (cold caches), more than its work on a dozen rows."""
+        m = frontier.size
+        x = self.prepare(frontier, context)[:m]
         for j, get in self._level_scalars:
             x[:, j] = get(frontier, context)
         cols = frontier.arrays()
@@ -159,7 +183,7 @@ class FeatureRows:
             x[:, self._array_cols] = np.array([cols[k] for k in self._array_keys], dtype=np.float64).T
         if self._type_codes is not None:
             table = frontier.token_type_table
-            kind = table[cols["tokens"]] if table is not None else _SPECIAL
+            kind = table[cols["tokens"]] if table is not None else SPECIAL
             x[:, self._type_col] = self._type_codes[kind]
         if self._parents:
             x[:, self._parent_cols] = context.parent_rows(parent)[:, self._parent_sel]

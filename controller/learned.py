@@ -40,6 +40,7 @@ from predictor.online import OnlineCalibrator, OnlineConfig
 
 from .budgets import BudgetsFile, DomainBudget, load_budgets
 from .features import FeatureRows
+from .fused import BEST, FusedLevel
 from .guard import PayoffGuard
 from .latency import LatencyProfile
 
@@ -116,6 +117,7 @@ class LearnedTree:
     probe_every: int = 8  # a request that stopped drafting still drafts every N steps to notice a change
     online: OnlineConfig | None = field(default_factory=OnlineConfig)  # None: no per-request correction
     guard: PayoffGuard | None = None  # None: no measured never-slower-than-plain rule
+    fused: bool = True  # run each level as one native call (controller.fused) where it is available
     domain: str = field(default="unknown", init=False)
     budget: DomainBudget = field(default_factory=DomainBudget, init=False)
     _value: np.ndarray = field(default_factory=lambda: np.zeros(64), init=False, repr=False)  # by candidate index
@@ -132,6 +134,7 @@ class LearnedTree:
     _rows: FeatureRows | None = field(default=None, init=False, repr=False)  # None: the dict path
     _target: list[float] = field(default_factory=list, init=False, repr=False)  # target ms by verified nodes
     _draft: list[float] = field(default_factory=list, init=False, repr=False)  # draft ms by fed nodes
+    _fused: FusedLevel | None = field(default=None, init=False, repr=False)  # this request's native level
     _roots: tuple[LevelPlan, LevelPlan] = field(  # the root's answers: plain step, draft; set by start
         default_factory=lambda: (_frozen_plan(LevelPlan.uniform(1, 0)),) * 2, init=False, repr=False)
 
@@ -155,6 +158,12 @@ class LearnedTree:
         predictor = AcceptancePredictor.load(Path(data / "predictor"))
         return cls(predictor, load_budgets(), profile, classifier, online=OnlineConfig() if online else None,
                    guard=PayoffGuard(profile.target_time(1)) if guard and profile is not None else None)
+
+    @property
+    def native_level(self) -> bool:
+        """Whether the last started request runs each level as one native call (``controller.fused``): then
+        the predictor is called from native code, inside the policy's time, never through ``predict_prefix``."""
+        return self._fused is not None
 
     # -- protocol ----------------------------------------------------------------------------------
 
@@ -184,6 +193,8 @@ class LearnedTree:
         self._draft = [lat.draft_time(n) for n in sizes] if lat is not None else []
         # The root's two answers, built once: a plain step, or max_width children (read-only: shared by steps).
         self._roots = (_frozen_plan(LevelPlan.uniform(1, 0)), _frozen_plan(LevelPlan.uniform(1, self.budget.max_width)))
+        self._fused = (FusedLevel.build(self._rows, self.predictor, self._target, self._draft, self.budget)
+                       if self.fused and self._rows is not None else None)
         self._context.start()
         self._calibrator.reset()
         self._step = []
@@ -193,6 +204,8 @@ class LearnedTree:
     def plan(self, frontier: Frontier) -> LevelPlan:
         if frontier.depth == 0:
             return self._plan_root(frontier)
+        if self._fused is not None:
+            return self._plan_fused(self._fused, frontier)
         value = self._values_of(frontier)
         keep = self._keep(value)
         kept = np.asarray(keep, dtype=bool)
@@ -243,7 +256,29 @@ class LearnedTree:
         verify_ms = self._target_ms(2) - self._target_ms(1) if self.latency is not None else 0.0
         worth = est >= self._cost(self._draft_ms + verify_ms)
         allowed = self.guard.allow() if self.guard is not None else True
-        return self._roots[1 if (worth or probe) and allowed else 0]
+        draft = (worth or probe) and allowed
+        if draft and self._fused is not None:  # the kernel keeps the step's running state from here
+            cal = self._calibrator
+            self._fused.step(frontier, self._context, self._gain, self._nodes, self._draft_ms,
+                             (cal.active, cal.offset, cal.slope) if self.online is not None else None)
+        return self._roots[1 if draft else 0]
+
+    def _plan_fused(self, fused: FusedLevel, frontier: Frontier) -> LevelPlan:
+        """``plan`` for one level in one native call: the same values, keep and children as the Python path."""
+        cols = frontier.arrays()
+        parents = cols["parent"]
+        at = self._count
+        end = self._count = at + len(parents)
+        if end > len(self._value):
+            self._value = np.concatenate([self._value[:at], np.zeros(end)])
+        rate = frontier.running_accept_rate
+        fused.run(frontier, cols, self._context, self._value, at, PRIOR_ACCEPTANCE if rate != rate else max(rate, 1e-3))
+        keep = fused.keep[at:end]
+        self._step.append(_Level(fused.raw[at:end], parents, keep))
+        if frontier.depth == 1:
+            best = float(fused.state[BEST]) if end > at else 0.0
+            self._root_value = best if self._root_value is None else 0.5 * (self._root_value + best)
+        return LevelPlan(keep, fused.children[at:end])
 
     def _values_of(self, frontier: Frontier) -> np.ndarray:
         """[m] float64 predicted path values: the (corrected) conditional acceptance times the parent's value."""

@@ -62,6 +62,12 @@ class CompiledForest:
         if entry is not None and self.model.use_fp64 and self.model.num_model_per_iteration() == 1:
             self._entry = _Entry(ctypes.cast(entry, ctypes.c_void_p).value)
 
+    @property
+    def entry_address(self) -> int | None:
+        """Address of the compiled ``forest_root(double *rows, double *out, int start, int end)`` (valid while
+        this object lives), for native callers (``controller.fused``); None where ``predict_prefix`` cannot use it."""
+        return ctypes.cast(self._entry, ctypes.c_void_p).value if self._entry is not None else None
+
     def predict(self, x: np.ndarray) -> np.ndarray:
         return self.model.predict(np.ascontiguousarray(x, dtype=np.float64), n_jobs=1)
 

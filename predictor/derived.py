@@ -138,14 +138,20 @@ class RequestFeatures:
 
     def push(self, margin: np.ndarray, entropy: np.ndarray) -> None:
         """Record one level's candidates (in candidate order) as the parents of the next level."""
-        start, end = self._count + 1, self._count + 1 + len(margin)
+        rows, start = self.claim(len(margin))
+        rows[start:start + len(margin), 0] = margin
+        rows[start:start + len(margin), 1] = entropy
+
+    def claim(self, m: int) -> tuple[np.ndarray, int]:
+        """Rows for one level's ``m`` candidates as the next level's parents: the [cap + 1, 2] float32 buffer
+        and the row of the first; the caller writes (draft_margin, draft_entropy) there, as ``push`` does."""
+        start, end = self._count + 1, self._count + 1 + m
         if end > len(self._parents):
             grown = _parent_rows(2 * end)
             grown[:start] = self._parents[:start]
             self._parents = grown
-        self._parents[start:end, 0] = margin
-        self._parents[start:end, 1] = entropy
-        self._count += len(margin)
+        self._count += m
+        return self._parents, start
 
     def add(self, features: dict[str, np.ndarray], parent: np.ndarray) -> dict[str, np.ndarray]:
         """Add the derived columns to one level's features; ``parent``: candidate index in the step, -1 root."""

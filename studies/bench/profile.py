@@ -91,6 +91,7 @@ class _Row:
     run: Callable[[Prompt], GenerationResult]
     timer: _TimedPredictor | None
     results: list[GenerationResult]
+    policy: object = None
 
 
 def _rows(dec: TreeDecoder, cfg: ProfileConfig) -> dict[str, _Row]:
@@ -104,7 +105,7 @@ def _rows(dec: TreeDecoder, cfg: ProfileConfig) -> dict[str, _Row]:
             policy.predictor = timer  # type: ignore[attr-defined]
         run = (lambda pol: lambda p: dec.generate(p.prompt, cfg.max_new_tokens, tree=pol, domain=p.domain,
                                                   prompt_id=p.id))(policy)
-        rows[name] = _Row(spec, run, timer, [])
+        rows[name] = _Row(spec, run, timer, [], policy)
     return rows
 
 
@@ -126,8 +127,17 @@ def _summary(row: _Row) -> PolicyProfile:
         tokens_per_s=tokens / total, stages=stages,
         outside_forwards_share=1 - sum(tot[k] for k in MODEL_STAGES) / total,
         policy_ms_per_step=1000 * (tot["policy"] + tot["predictor"]) / n,
-        predictor_backend=getattr(row.timer.inner, "backend", None) if row.timer is not None else None,
+        predictor_backend=_backend(row),
     )
+
+
+def _backend(row: _Row) -> str | None:
+    """The predictor's backend; "... in the native level" when it ran inside the policy's one native call per
+    level (controller.fused), whose time the policy stage holds (the predictor stage is then 0)."""
+    backend = getattr(row.timer.inner, "backend", None) if row.timer is not None else None
+    if backend is not None and getattr(row.policy, "native_level", False):
+        return f"{backend} in the native level"
+    return backend
 
 
 def run_profile(cfg: ProfileConfig, dec: TreeDecoder | None = None,

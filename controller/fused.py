@@ -1,0 +1,259 @@
+"""LearnedTree's work on one level in one native call: features, compiled forest, calibration, keep and expand.
+
+In Python the level costs ~130 us on this CPU (docs/performance.md): a dozen numpy calls for the features,
+the forest, the isotonic map, the path values and the keep/expand rules, each starting cold after a draft
+forward. Here numba compiles those steps into one function that writes the features into the predictor's
+matrix, calls the lleaves-compiled forest through its address, and applies the same rules as
+``LearnedTree._keep`` and ``_expand``: one dispatch a level. numba caches the machine code on disk
+(``cache=True``), so only a machine's first run compiles it (a few seconds).
+
+It is an accelerator, not a second policy: ``LearnedTree`` takes it only when numba imports, the predictor
+has a compiled forest with an entry point and its features can be filled by ``FeatureRows``; otherwise it
+runs the Python path. ``tests/controller/test_fused.py`` holds the two to the same plans, values and
+predictions on real decodes.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from decoder import Frontier
+from predictor.derived import RequestFeatures
+
+from .features import SPECIAL, FeatureRows
+
+# The per-level sources the kernel writes, in the order of ``LevelInputs.columns`` (-1: the model does not read it).
+SOURCES = ("sibling_rank", "draft_logprob", "draft_entropy", "draft_margin", "path_logprob", "parent_draft_prob",
+           "token_id", "token_type", "parent_margin", "parent_entropy", "depth", "position")
+# rules[]: the request's budget, one float64 array (one argument, not six).
+_THRESHOLD, _COST_SCALE, _NODE_BUDGET, _MAX_WIDTH, _MAX_DEPTH, _TIMED = range(6)
+# state[]: the step's running state (read and written by the kernel; BEST written only), this level's depth
+# and estimate, the step's first position and the request's correction (on, e^-offset, slope).
+GAIN, NODES, DRAFT_MS, BEST, EST, DEPTH, POS0, CAL_ON, CAL_SCALE, CAL_SLOPE = range(10)
+_CLIP = 1e-4  # as predictor.online
+
+
+@functools.cache
+def kernel() -> Any | None:
+    """The compiled level function, or None when numba is missing (LearnedTree then runs in Python)."""
+    try:
+        import numba
+        from llvmlite import ir
+        from numba.extending import intrinsic
+    except ImportError:
+        return None
+
+    @intrinsic
+    def call_forest(typingctx: Any, fn: Any, rows: Any, out: Any, n: Any) -> Any:
+        """lleaves' ``forest_root(double *rows, double *out, int start, int end)`` called at address ``fn``."""
+        sig = numba.types.void(numba.types.intp, numba.types.intp, numba.types.intp, numba.types.int32)
+
+        def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+            dbl, i32 = ir.DoubleType().as_pointer(), ir.IntType(32)
+            fnty = ir.FunctionType(ir.VoidType(), [dbl, dbl, i32, i32])
+            target = builder.inttoptr(args[0], fnty.as_pointer())
+            builder.call(target, [builder.inttoptr(args[1], dbl), builder.inttoptr(args[2], dbl),
+                                  ir.Constant(i32, 0), args[3]])
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return numba.njit(cache=True, nogil=True)(_level_source(call_forest))
+
+
+def _level_source(call_forest: Any) -> Any:
+    """The kernel as a Python function over numpy arrays (numba compiles it; ``call_forest`` is its intrinsic)."""
+
+    A = np.ndarray  # every array argument (numba types them from the call)
+
+    def level(x: A, m: int, cols: A, step_cols: A, step_vals: A, tokens: A, rank: A, logprob: A, entropy: A,
+              margin: A, path_lp: A, parent_prob: A, parent: A, parent_rows: A, push_at: int, type_table: A,
+              type_codes: A, forest: int, iso_x: A, iso_y: A, value: A, at: int, keep: A, children: A, raw: A,
+              rules: A, target: A, draft: A, state: A) -> int:
+        # 1. features: row i of x <- candidate i (the domain column is already in x)
+        depth = state[DEPTH]
+        for i in range(m):
+            r = x[i]
+            for s in range(step_cols.shape[0]):
+                r[step_cols[s]] = step_vals[s]
+            if cols[0] >= 0:
+                r[cols[0]] = rank[i]
+            if cols[1] >= 0:
+                r[cols[1]] = logprob[i]
+            if cols[2] >= 0:
+                r[cols[2]] = entropy[i]
+            if cols[3] >= 0:
+                r[cols[3]] = margin[i]
+            if cols[4] >= 0:
+                r[cols[4]] = path_lp[i]
+            if cols[5] >= 0:
+                r[cols[5]] = parent_prob[i]
+            if cols[6] >= 0:
+                r[cols[6]] = tokens[i]
+            if cols[7] >= 0:
+                # a one-entry table: the frontier came without one, every token reads as "special"
+                r[cols[7]] = type_codes[type_table[tokens[i]] if type_table.shape[0] > 1 else type_table[0]]
+            if cols[8] >= 0:
+                r[cols[8]] = parent_rows[parent[i] + 1, 0]
+            if cols[9] >= 0:
+                r[cols[9]] = parent_rows[parent[i] + 1, 1]
+            if cols[10] >= 0:
+                r[cols[10]] = depth
+            if cols[11] >= 0:
+                r[cols[11]] = state[POS0] + depth
+            parent_rows[push_at + i, 0] = margin[i]  # this level as the next level's parents
+            parent_rows[push_at + i, 1] = entropy[i]
+        # 2. the forest, then the isotonic map (np.interp's arithmetic) and the request's correction
+        call_forest(forest, x.ctypes.data, raw[at:].ctypes.data, np.int32(m))
+        k = iso_x.shape[0]
+        best = 0.0
+        for i in range(m):
+            p = raw[at + i]
+            if k > 0:
+                if p >= iso_x[k - 1]:
+                    p = iso_y[k - 1]
+                elif p <= iso_x[0]:
+                    p = iso_y[0]
+                else:
+                    j = np.searchsorted(iso_x, p, side="right") - 1
+                    if iso_x[j] == p:
+                        p = iso_y[j]
+                    else:
+                        p = (iso_y[j + 1] - iso_y[j]) / (iso_x[j + 1] - iso_x[j]) * (p - iso_x[j]) + iso_y[j]
+                raw[at + i] = p
+            if state[CAL_ON] > 0.0:
+                q = min(max(p, _CLIP), 1.0 - _CLIP)
+                p = 1.0 / (1.0 + state[CAL_SCALE] * ((1.0 - q) / q) ** state[CAL_SLOPE])
+            if i == 0 or p > best:
+                best = p
+            value[at + i] = p if depth == 1.0 else value[parent[i]] * p
+        state[BEST] = best
+        # 3. keep: best value first while it clears the threshold, the budget and its verify cost
+        timed = rules[_TIMED] > 0.0
+        v = value[at:at + m]
+        order = np.argsort(-v, kind="mergesort")  # stable: ties by index, as Python's sorted
+        for i in range(m):
+            keep[at + i] = False
+            children[at + i] = 0
+        gain, nodes, draft_ms = state[GAIN], state[NODES], state[DRAFT_MS]
+        kept = 0
+        for i in order:
+            vi = v[i]
+            n = int(nodes)
+            if nodes >= rules[_NODE_BUDGET] or vi < rules[_THRESHOLD]:
+                break
+            if timed and vi < rules[_COST_SCALE] * (target[n + 2] - target[n + 1]) * gain / (draft_ms + target[n + 1]):
+                break
+            keep[at + i] = True
+            gain += vi
+            nodes += 1.0
+            kept += 1
+        # 4. expand: children under kept nodes whose best child may clear the threshold, if the level pays
+        if depth < rules[_MAX_DEPTH] and kept > 0 and nodes < rules[_NODE_BUDGET]:
+            want, total = 0, 0.0
+            for i in range(m):
+                g = v[i] * state[EST]
+                if keep[at + i] and g >= rules[_THRESHOLD]:
+                    want += 1
+                    total += g
+            if want > 0:
+                level_ms = draft[want] if timed else 0.0
+                cost = rules[_COST_SCALE] * level_ms * gain / (draft_ms + target[int(nodes) + 1]) if timed else 0.0
+                if total >= cost:
+                    draft_ms += level_ms
+                    for i in range(m):
+                        if keep[at + i] and v[i] * state[EST] >= rules[_THRESHOLD]:
+                            children[at + i] = int(rules[_MAX_WIDTH])
+        for i in range(m):  # the step's values by candidate index hold 0 where pruned
+            if not keep[at + i]:
+                value[at + i] = 0.0
+        state[GAIN], state[NODES], state[DRAFT_MS] = gain, nodes, draft_ms
+        return kept
+
+    return level
+
+
+@dataclass
+class FusedLevel:
+    """Per request: the buffers and constants the kernel reads; ``step`` at each step's root, ``run`` per level.
+
+    The step buffers (keep, children, predictions) are indexed by the candidate's index in the step, like
+    ``LearnedTree``'s path values, so each level's answer is a view that later levels do not overwrite."""
+
+    rows: FeatureRows
+    forest: int  # the entry point's address
+    iso_x: np.ndarray  # [k] float64 (k = 0: no isotonic map)
+    iso_y: np.ndarray
+    target: np.ndarray  # [n] float64 target ms by verified nodes (empty: no cost rule)
+    draft: np.ndarray  # [n] float64 draft ms by fed nodes
+    rules: np.ndarray  # [6] float64, see the _THRESHOLD... indices
+    cols: np.ndarray = field(init=False)  # [12] int64 matrix column of each SOURCES entry, -1 if unread
+    step_cols: np.ndarray = field(init=False)  # [S] int64 columns of the step's shared scalars ...
+    step_vals: np.ndarray = field(init=False)  # [S] float64 ... and their values this step
+    type_table: np.ndarray = field(init=False)  # a frontier without a token-type table reads "special"
+    type_codes: np.ndarray = field(init=False)
+    state: np.ndarray = field(default_factory=lambda: np.zeros(10))  # see GAIN... CAL_SLOPE
+    keep: np.ndarray = field(default_factory=lambda: np.zeros(64, dtype=np.bool_))
+    children: np.ndarray = field(default_factory=lambda: np.zeros(64, dtype=np.int64))
+    raw: np.ndarray = field(default_factory=lambda: np.zeros(64))
+
+    def __post_init__(self) -> None:
+        self.cols = np.asarray(self.rows.source_columns(SOURCES), dtype=np.int64)
+        self.step_cols = np.asarray(self.rows.step_columns(), dtype=np.int64)
+        self.step_vals = np.zeros(len(self.step_cols))
+        self.type_codes = self.rows.type_codes()
+        self.type_table = np.full(1, SPECIAL, dtype=np.int8)
+
+    @classmethod
+    def build(cls, rows: FeatureRows, predictor: object, target: list[float], draft: list[float],
+              budget: Any) -> FusedLevel | None:
+        """The fused level for this request, or None when numba, an entry point or the isotonic map is missing."""
+        forest = getattr(predictor, "forest", None)
+        address = getattr(forest, "entry_address", None)
+        calibrator = getattr(predictor, "calibrator", None)
+        if address is None or kernel() is None or (calibrator is not None and not hasattr(calibrator, "x")):
+            return None
+        iso = (np.zeros(0), np.zeros(0)) if calibrator is None else (
+            np.ascontiguousarray(calibrator.x, dtype=np.float64), np.ascontiguousarray(calibrator.y, dtype=np.float64))
+        rules = np.array([budget.threshold, budget.cost_scale, budget.node_budget, budget.max_width, budget.max_depth,
+                          1.0 if target else 0.0])
+        return cls(rows, address, iso[0], iso[1], np.asarray(target, dtype=np.float64),
+                   np.asarray(draft, dtype=np.float64), rules)
+
+    def step(self, root: Frontier, context: RequestFeatures, gain: float, nodes: int, draft_ms: float,
+             correction: tuple[bool, float, float] | None) -> None:
+        """Start a step: its shared feature values, LearnedTree's running state and the correction
+        (active, offset, slope; None: no correction)."""
+        self.step_vals[:] = self.rows.step_values(root, context)
+        on, offset, slope = correction if correction is not None else (False, 0.0, 1.0)
+        # POS0: the position feature of depth 0 (position + depth - 1 at depth 0), through int32 as logged
+        self.state[:] = (gain, nodes, draft_ms, 0.0, 0.0, 0.0, float(np.int32(root.position - 1)),
+                         1.0 if on else 0.0, math.exp(-offset), slope)
+
+    def run(self, frontier: Frontier, cols: Mapping[str, np.ndarray], context: RequestFeatures, value: np.ndarray,
+            at: int, est: float) -> int:
+        """Value, keep and expand one level: ``cols`` are ``frontier.arrays()``, written at ``at`` in the step
+        buffers and in ``value`` (the step's path values, room ensured); returns the kept count."""
+        m = len(cols["parent"])
+        end = at + m
+        if end > self.keep.shape[0]:  # new buffers: earlier levels' views keep the old ones
+            self.keep, self.children, self.raw = (np.zeros(2 * end, dtype=np.bool_),
+                                                  np.zeros(2 * end, dtype=np.int64), np.zeros(2 * end))
+        x = self.rows.matrix
+        if m > x.shape[0]:
+            x = self.rows.prepare(frontier, context)
+        parent_rows, push_at = context.claim(m)  # this level as the next level's parents
+        table = frontier.token_type_table
+        self.state[EST], self.state[DEPTH] = est, frontier.depth
+        return kernel()(x, m, self.cols, self.step_cols, self.step_vals, cols["tokens"], cols["sibling_rank"],
+                        cols["draft_logprob"], cols["draft_entropy"], cols["draft_margin"], cols["path_logprob"],
+                        cols["parent_draft_prob"], cols["parent"], parent_rows, push_at,
+                        self.type_table if table is None else table, self.type_codes, self.forest, self.iso_x,
+                        self.iso_y, value, at, self.keep, self.children, self.raw, self.rules, self.target,
+                        self.draft, self.state)
