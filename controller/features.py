@@ -38,6 +38,7 @@ _SCALARS: dict[str, Scalar] = {
     "recent_accepted": lambda f, c: c.recent_accepted, "recent_accept_rate": lambda f, c: c.recent_rate,
 }
 _BY_DEPTH = ("depth", "position")  # the only scalars that change between the levels of one step
+STEP_SCALARS = tuple(n for n in _SCALARS if n not in _BY_DEPTH)  # the ones every level of a step shares
 _PARENT = ("parent_margin", "parent_entropy")  # per candidate, looked up one level up
 SPECIAL = TOKEN_TYPES.index("special")
 
@@ -64,11 +65,21 @@ def _columns(index: list[int]) -> Columns:
     return np.asarray(index, dtype=np.int64)
 
 
+def _kind(name: str) -> type:
+    """The numpy type the node log stores a scalar feature as."""
+    return NUMPY_TYPES[name] if name in NUMPY_TYPES else DERIVED_COLUMNS[name].to_pandas_dtype()
+
+
 def _typed(name: str, get: Scalar) -> Scalar:
     """``get`` with its value passed through the node log's type (a rate through float32, as training stored
     it), then widened to the float64 the trees compare."""
-    kind = NUMPY_TYPES[name] if name in NUMPY_TYPES else DERIVED_COLUMNS[name].to_pandas_dtype()
+    kind = _kind(name)
     return lambda f, c: float(kind(get(f, c)))
+
+
+def raw_step_scalars(f: Frontier, c: RequestFeatures) -> list[float]:
+    """The step's shared scalars in ``STEP_SCALARS`` order, untyped (for a native caller that types them)."""
+    return [_SCALARS[n](f, c) for n in STEP_SCALARS]
 
 
 @dataclass
@@ -152,14 +163,11 @@ class FeatureRows:
         self._fill_step_scalars(frontier, context)
         return self._x
 
-    def step_columns(self) -> list[int]:
-        """Matrix columns of the scalars a step's levels share, in ``step_values`` order."""
-        index = self._step_cols
-        return list(range(index.start, index.stop)) if isinstance(index, slice) else index.tolist()
-
-    def step_values(self, frontier: Frontier, context: RequestFeatures) -> list[float]:
-        """The step's shared scalars (any frontier of the step gives the same), typed as training saw them."""
-        return [get(frontier, context) for get in self._step_scalars]
+    def step_map(self) -> list[tuple[int, int, bool]]:
+        """Per step scalar the model reads: its matrix column, its index in ``STEP_SCALARS`` and whether the node
+        log stores it as float32 (a native caller rounds the raw value through float32 as training saw it)."""
+        return [(self._names.index(n), STEP_SCALARS.index(n), _kind(n) == np.float32)
+                for n in self._names if n in STEP_SCALARS]
 
     def source_columns(self, sources: tuple[str, ...]) -> list[int]:
         """The matrix column of each named feature, -1 for one the model does not read."""

@@ -26,7 +26,7 @@ import numpy as np
 from decoder import Frontier
 from predictor.derived import RequestFeatures
 
-from .features import SPECIAL, FeatureRows
+from .features import SPECIAL, STEP_SCALARS, FeatureRows, raw_step_scalars
 
 # The per-level sources the kernel writes, in the order of ``LevelInputs.columns`` (-1: the model does not read it).
 SOURCES = ("sibling_rank", "draft_logprob", "draft_entropy", "draft_margin", "path_logprob", "parent_draft_prob",
@@ -35,7 +35,9 @@ SOURCES = ("sibling_rank", "draft_logprob", "draft_entropy", "draft_margin", "pa
 _THRESHOLD, _COST_SCALE, _NODE_BUDGET, _MAX_WIDTH, _MAX_DEPTH, _TIMED = range(6)
 # state[]: the step's running state (read and written by the kernel; BEST written only), this level's depth
 # and estimate, the step's first position and the request's correction (on, e^-offset, slope).
-GAIN, NODES, DRAFT_MS, BEST, EST, DEPTH, POS0, CAL_ON, CAL_SCALE, CAL_SLOPE = range(10)
+# RAW0...: the step's shared scalars untyped, in features.STEP_SCALARS order.
+GAIN, NODES, DRAFT_MS, BEST, EST, DEPTH, POS0, CAL_ON, CAL_SCALE, CAL_SLOPE, RAW0 = range(11)
+_STATE = RAW0 + len(STEP_SCALARS)
 _CLIP = 1e-4  # as predictor.online
 
 
@@ -72,7 +74,7 @@ def _level_source(call_forest: Any) -> Any:
 
     A = np.ndarray  # every array argument (numba types them from the call)
 
-    def level(x: A, m: int, cols: A, step_cols: A, step_vals: A, tokens: A, rank: A, logprob: A, entropy: A,
+    def level(x: A, m: int, cols: A, step_map: A, tokens: A, rank: A, logprob: A, entropy: A,
               margin: A, path_lp: A, parent_prob: A, parent: A, parent_rows: A, push_at: int, type_table: A,
               type_codes: A, forest: int, iso_x: A, iso_y: A, value: A, at: int, keep: A, children: A, raw: A,
               rules: A, target: A, draft: A, state: A) -> int:
@@ -80,8 +82,9 @@ def _level_source(call_forest: Any) -> Any:
         depth = state[DEPTH]
         for i in range(m):
             r = x[i]
-            for s in range(step_cols.shape[0]):
-                r[step_cols[s]] = step_vals[s]
+            for s in range(step_map.shape[0]):  # (column, raw index, logged as float32)
+                v = state[RAW0 + step_map[s, 1]]
+                r[step_map[s, 0]] = np.float64(np.float32(v)) if step_map[s, 2] else v
             if cols[0] >= 0:
                 r[cols[0]] = rank[i]
             if cols[1] >= 0:
@@ -194,19 +197,17 @@ class FusedLevel:
     draft: np.ndarray  # [n] float64 draft ms by fed nodes
     rules: np.ndarray  # [6] float64, see the _THRESHOLD... indices
     cols: np.ndarray = field(init=False)  # [12] int64 matrix column of each SOURCES entry, -1 if unread
-    step_cols: np.ndarray = field(init=False)  # [S] int64 columns of the step's shared scalars ...
-    step_vals: np.ndarray = field(init=False)  # [S] float64 ... and their values this step
+    step_map: np.ndarray = field(init=False)  # [S, 3] int64 per shared scalar read: column, raw index, float32
     type_table: np.ndarray = field(init=False)  # a frontier without a token-type table reads "special"
     type_codes: np.ndarray = field(init=False)
-    state: np.ndarray = field(default_factory=lambda: np.zeros(10))  # see GAIN... CAL_SLOPE
+    state: np.ndarray = field(default_factory=lambda: np.zeros(_STATE))  # see GAIN... RAW0
     keep: np.ndarray = field(default_factory=lambda: np.zeros(64, dtype=np.bool_))
     children: np.ndarray = field(default_factory=lambda: np.zeros(64, dtype=np.int64))
     raw: np.ndarray = field(default_factory=lambda: np.zeros(64))
 
     def __post_init__(self) -> None:
         self.cols = np.asarray(self.rows.source_columns(SOURCES), dtype=np.int64)
-        self.step_cols = np.asarray(self.rows.step_columns(), dtype=np.int64)
-        self.step_vals = np.zeros(len(self.step_cols))
+        self.step_map = np.asarray(self.rows.step_map(), dtype=np.int64).reshape(-1, 3)
         self.type_codes = self.rows.type_codes()
         self.type_table = np.full(1, SPECIAL, dtype=np.int8)
 
@@ -230,11 +231,10 @@ class FusedLevel:
              correction: tuple[bool, float, float] | None) -> None:
         """Start a step: its shared feature values, LearnedTree's running state and the correction
         (active, offset, slope; None: no correction)."""
-        self.step_vals[:] = self.rows.step_values(root, context)
         on, offset, slope = correction if correction is not None else (False, 0.0, 1.0)
-        # POS0: the position feature of depth 0 (position + depth - 1 at depth 0), through int32 as logged
-        self.state[:] = (gain, nodes, draft_ms, 0.0, 0.0, 0.0, float(np.int32(root.position - 1)),
-                         1.0 if on else 0.0, math.exp(-offset), slope)
+        # POS0: the position feature at depth 0 (position + depth - 1), an integer exact in float64 as logged
+        self.state[:] = (gain, nodes, draft_ms, 0.0, 0.0, 0.0, root.position - 1, 1.0 if on else 0.0,
+                         math.exp(-offset), slope, *raw_step_scalars(root, context))
 
     def run(self, frontier: Frontier, cols: Mapping[str, np.ndarray], context: RequestFeatures, value: np.ndarray,
             at: int, est: float) -> int:
@@ -251,7 +251,7 @@ class FusedLevel:
         parent_rows, push_at = context.claim(m)  # this level as the next level's parents
         table = frontier.token_type_table
         self.state[EST], self.state[DEPTH] = est, frontier.depth
-        return kernel()(x, m, self.cols, self.step_cols, self.step_vals, cols["tokens"], cols["sibling_rank"],
+        return kernel()(x, m, self.cols, self.step_map, cols["tokens"], cols["sibling_rank"],
                         cols["draft_logprob"], cols["draft_entropy"], cols["draft_margin"], cols["path_logprob"],
                         cols["parent_draft_prob"], cols["parent"], parent_rows, push_at,
                         self.type_table if table is None else table, self.type_codes, self.forest, self.iso_x,

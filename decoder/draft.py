@@ -237,7 +237,7 @@ class Drafter:
         keep, fed = cols.pop("keep"), cols.pop("fed_slot")
         parent, has_parent = cols["parent"], cols["parent"] >= 0
         tree_index = _tree_index(keep)
-        cands = Candidates(**{n: torch.from_numpy(v) for n, v in cols.items()}, tree_index=torch.from_numpy(tree_index))
+        cands = Candidates({**cols, "tree_index": tree_index})
         t0 = time.perf_counter()
         final = self.policy.finalize(cands)
         self.policy_s += time.perf_counter() - t0
@@ -248,7 +248,7 @@ class Drafter:
                 at = depth == d
                 keep[at] &= keep[np.maximum(parent[at], 0)] | ~has_parent[at]
             tree_index = _tree_index(keep)
-            cands = replace(cands, tree_index=torch.from_numpy(tree_index))
+            cands = cands.with_tree_index(tree_index)
         parent_tree = np.where(has_parent, tree_index[np.maximum(parent, 0)], 0)
         tree = DraftTree.from_parents(torch.from_numpy(np.concatenate([[-1], parent_tree[keep]])),
                                       np.concatenate([self.seq[-1:].cpu().numpy(), cols["tokens"][keep]]))
@@ -313,5 +313,5 @@ def _stack(levels: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
 
 
 # A plain step's candidates: none (frozen, and no consumer writes into them).
-_NO_CANDIDATES = Candidates(**{n: torch.from_numpy(v) for n, v in _stack([]).items() if n not in ("keep", "fed_slot")},
-                            tree_index=torch.zeros(0, dtype=torch.long))
+_NO_CANDIDATES = Candidates({**{n: v for n, v in _stack([]).items() if n not in ("keep", "fed_slot")},
+                             "tree_index": np.zeros(0, dtype=np.int64)})

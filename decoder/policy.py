@@ -121,24 +121,33 @@ class Frontier:
         }
 
 
+_CANDIDATE_COLUMNS = (*_COLUMNS, "depth", "tree_index")
+
+
 @dataclass(frozen=True)
 class Candidates:
-    """Every candidate drafted in one step (all tensors [m], CPU), in level order."""
+    """Every candidate drafted in one step, in level order: [m] numpy columns (``columns``, by name) read as
+    tensor views (``candidates.path_logprob``); tensors are made only for what a reader asks for."""
 
-    tokens: torch.Tensor
-    parent: torch.Tensor  # candidate index, -1 for the root
-    depth: torch.Tensor
-    sibling_rank: torch.Tensor
-    draft_logprob: torch.Tensor
-    draft_entropy: torch.Tensor
-    draft_margin: torch.Tensor
-    path_logprob: torch.Tensor
-    parent_draft_prob: torch.Tensor
-    tree_index: torch.Tensor  # index in the DraftTree, -1 when the policy pruned it
+    columns: Mapping[str, np.ndarray] = field(repr=False)  # every name of _CANDIDATE_COLUMNS
+
+    tokens = _column("tokens", "draft token ids")
+    parent = _column("parent", "candidate index of the parent, -1 for the root")
+    depth = _column("depth", "1 for the root's children")
+    sibling_rank = _column("sibling_rank", "rank among its siblings by draft probability")
+    draft_logprob = _column("draft_logprob", "log draft probability")
+    draft_entropy = _column("draft_entropy", "entropy of the distribution it was drafted from")
+    draft_margin = _column("draft_margin", "top-1 minus top-2 probability of that distribution")
+    path_logprob = _column("path_logprob", "summed draft log probability from the root")
+    parent_draft_prob = _column("parent_draft_prob", "the parent's own draft probability")
+    tree_index = _column("tree_index", "index in the DraftTree, -1 when the policy pruned it")
 
     @property
     def size(self) -> int:
-        return int(self.tokens.numel())
+        return len(self.columns["tokens"])
+
+    def with_tree_index(self, tree_index: np.ndarray) -> Candidates:
+        return Candidates({**self.columns, "tree_index": tree_index})
 
 
 def candidate_features(c: Frontier | Candidates, depth: np.ndarray, token_type: np.ndarray, *, domain: str,

@@ -5,6 +5,7 @@ the step's path values, with and without the latency cost rule and with the per-
 from the first step. A kernel that drifts from ``LearnedTree._keep`` / ``_expand`` or from the features the
 trees were trained on fails here."""
 
+import copy
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -13,6 +14,7 @@ import torch
 from conftest import make_model
 
 from controller import BudgetsFile, DomainBudget, LatencyProfile, LearnedTree
+from controller.features import FeatureRows
 from controller.fused import FusedLevel, kernel
 from decoder import Frontier, LevelPlan, TreeDecoder
 from decoder.paths import data_dir
@@ -84,6 +86,35 @@ def test_the_native_level_decides_exactly_as_the_python_path(pair, shipped, case
         np.testing.assert_allclose(v1, v2, rtol=0, atol=1e-12)
     if online is not None:
         assert native._calibrator.active and native._calibrator.rows == python._calibrator.rows
+
+
+@dataclass
+class RowSpy(LearnedTree):
+    """Records, per level, the rows the kernel wrote and the rows ``FeatureRows.fill`` writes for the same
+    frontier from a copy of the request's context taken before the level."""
+
+    rows_seen: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)
+
+    def plan(self, frontier: Frontier) -> LevelPlan:
+        before = copy.deepcopy(self._context)
+        plan = super().plan(frontier)
+        if frontier.depth > 0:
+            ref = FeatureRows(self.predictor, self.domain)
+            m = ref.fill(frontier, before, frontier.arrays()["parent"])
+            self.rows_seen.append((self._rows.matrix[:m].copy(), ref.matrix[:m].copy()))
+        return plan
+
+
+@pytest.mark.parametrize("domain", ["code", "never-seen"])
+def test_the_native_rows_equal_feature_rows_number_for_number(pair, shipped, domain) -> None:
+    """Every feature the kernel writes (step scalars through their logged types, depth, position, token type,
+    parent columns) equals ``FeatureRows.fill``, which tests/controller/test_features.py holds to the dict path."""
+    policy = RowSpy(shipped, BudgetsFile(default=CASES["cost rule"][0]),
+                    LatencyProfile.read(data_dir() / "latency.json"), online=None)
+    pair.generate("def f(x):\n    return", max_new_tokens=30, tree=policy, domain=domain)
+    assert policy.native_level and len(policy.rows_seen) > 5
+    for got, want in policy.rows_seen:
+        np.testing.assert_array_equal(got, want)  # NaNs in the same places, numbers identical
 
 
 def test_the_native_predictions_equal_lightgbms_on_a_decode(pair, shipped) -> None:
