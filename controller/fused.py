@@ -66,118 +66,131 @@ def kernel() -> Any | None:
 
         return sig, codegen
 
-    return numba.njit(cache=True, nogil=True)(_level_source(call_forest))
+    jit = numba.njit(cache=True, nogil=True)  # the parts are native calls from the level, inlined by LLVM
+    return jit(_level_source(call_forest, jit(_fill), jit(_calibrate), jit(_keep), jit(_expand)))
 
 
-def _level_source(call_forest: Any) -> Any:
-    """The kernel as a Python function over numpy arrays (numba compiles it; ``call_forest`` is its intrinsic)."""
+A = np.ndarray  # every array argument of the kernel's parts (numba types them from the call)
 
-    A = np.ndarray  # every array argument (numba types them from the call)
+
+def _fill(x: A, m: int, cols: A, step_map: A, tokens: A, rank: A, logprob: A, entropy: A, margin: A, path_lp: A,
+          parent_prob: A, parent: A, parent_rows: A, push_at: int, type_table: A, type_codes: A, state: A) -> None:
+    """Row i of ``x`` <- candidate i (the domain column is already there); the level's margins and entropies
+    go to ``parent_rows`` from ``push_at`` as the next level's parents."""
+    depth = state[DEPTH]
+    for i in range(m):
+        r = x[i]
+        for s in range(step_map.shape[0]):  # (column, raw index, logged as float32)
+            v = state[RAW0 + step_map[s, 1]]
+            r[step_map[s, 0]] = np.float64(np.float32(v)) if step_map[s, 2] else v
+        p = parent[i] + 1
+        f = np.float64  # one element type: numba iterates a homogeneous tuple
+        for c, v in ((cols[0], f(rank[i])), (cols[1], f(logprob[i])), (cols[2], f(entropy[i])), (cols[3], f(margin[i])),
+                     (cols[4], f(path_lp[i])), (cols[5], f(parent_prob[i])), (cols[6], f(tokens[i])),
+                     (cols[8], f(parent_rows[p, 0])), (cols[9], f(parent_rows[p, 1])), (cols[10], f(depth)),
+                     (cols[11], f(state[POS0] + depth))):
+            if c >= 0:
+                r[c] = v
+        if cols[7] >= 0:  # a one-entry table: the frontier came without one, every token reads as "special"
+            r[cols[7]] = type_codes[type_table[tokens[i]] if type_table.shape[0] > 1 else type_table[0]]
+        parent_rows[push_at + i, 0] = margin[i]
+        parent_rows[push_at + i, 1] = entropy[i]
+
+
+def _calibrate(raw: A, at: int, m: int, iso_x: A, iso_y: A, parent: A, value: A, state: A) -> None:
+    """The forest's outputs through the isotonic map (``np.interp``'s arithmetic, written back to ``raw``) and
+    the request's correction, then path values: times the parent's value below depth 1. Sets ``state[BEST]``."""
+    k = iso_x.shape[0]
+    best = 0.0
+    for i in range(m):
+        p = raw[at + i]
+        if k > 0:
+            if p >= iso_x[k - 1]:
+                p = iso_y[k - 1]
+            elif p <= iso_x[0]:
+                p = iso_y[0]
+            else:
+                j = np.searchsorted(iso_x, p, side="right") - 1
+                if iso_x[j] == p:
+                    p = iso_y[j]
+                else:
+                    p = (iso_y[j + 1] - iso_y[j]) / (iso_x[j + 1] - iso_x[j]) * (p - iso_x[j]) + iso_y[j]
+            raw[at + i] = p
+        if state[CAL_ON] > 0.0:
+            q = min(max(p, _CLIP), 1.0 - _CLIP)
+            p = 1.0 / (1.0 + state[CAL_SCALE] * ((1.0 - q) / q) ** state[CAL_SLOPE])
+        if i == 0 or p > best:
+            best = p
+        value[at + i] = p if state[DEPTH] == 1.0 else value[parent[i]] * p
+    state[BEST] = best
+
+
+def _keep(value: A, at: int, m: int, keep: A, children: A, rules: A, target: A, state: A) -> int:
+    """``LearnedTree._keep``: best value first while it clears the threshold, the node budget and its verify
+    cost; updates the step's gain and node count in ``state``, returns the kept count."""
+    v = value[at:at + m]
+    order = np.argsort(-v, kind="mergesort")  # stable: ties by index, as Python's sorted
+    keep[at:at + m] = False
+    children[at:at + m] = 0
+    gain, nodes, draft_ms = state[GAIN], state[NODES], state[DRAFT_MS]
+    kept = 0
+    for i in order:
+        n = int(nodes)
+        if nodes >= rules[_NODE_BUDGET] or v[i] < rules[_THRESHOLD]:
+            break
+        if rules[_TIMED] > 0.0 and v[i] < rules[_COST_SCALE] * (target[n + 2] - target[n + 1]) * gain / (
+                draft_ms + target[n + 1]):
+            break
+        keep[at + i] = True
+        gain += v[i]
+        nodes += 1.0
+        kept += 1
+    state[GAIN], state[NODES] = gain, nodes
+    return kept
+
+
+def _expand(value: A, at: int, m: int, keep: A, children: A, rules: A, target: A, draft: A, state: A) -> None:
+    """``LearnedTree._expand``: children under kept nodes whose best child may clear the threshold, when the
+    level's expected gain pays for one more draft forward; updates the step's draft time in ``state``."""
+    if state[DEPTH] >= rules[_MAX_DEPTH] or state[NODES] >= rules[_NODE_BUDGET]:
+        return
+    want, total = 0, 0.0
+    for i in range(m):
+        g = value[at + i] * state[EST]
+        if keep[at + i] and g >= rules[_THRESHOLD]:
+            want += 1
+            total += g
+    if want == 0:
+        return
+    timed = rules[_TIMED] > 0.0
+    level_ms = draft[want] if timed else 0.0
+    step_ms = state[DRAFT_MS] + target[int(state[NODES]) + 1] if timed else 1.0
+    if total < (rules[_COST_SCALE] * level_ms * state[GAIN] / step_ms if timed else 0.0):
+        return
+    state[DRAFT_MS] += level_ms
+    for i in range(m):
+        if keep[at + i] and value[at + i] * state[EST] >= rules[_THRESHOLD]:
+            children[at + i] = int(rules[_MAX_WIDTH])
+
+
+def _level_source(call_forest: Any, fill: Any, calibrate: Any, keep: Any, expand: Any) -> Any:
+    """The level as a Python function over numpy arrays, calling its compiled parts (numba compiles it)."""
 
     def level(x: A, m: int, cols: A, step_map: A, tokens: A, rank: A, logprob: A, entropy: A,
               margin: A, path_lp: A, parent_prob: A, parent: A, parent_rows: A, push_at: int, type_table: A,
-              type_codes: A, forest: int, iso_x: A, iso_y: A, value: A, at: int, keep: A, children: A, raw: A,
+              type_codes: A, forest: int, iso_x: A, iso_y: A, value: A, at: int, kept: A, children: A, raw: A,
               rules: A, target: A, draft: A, state: A) -> int:
-        # 1. features: row i of x <- candidate i (the domain column is already in x)
-        depth = state[DEPTH]
-        for i in range(m):
-            r = x[i]
-            for s in range(step_map.shape[0]):  # (column, raw index, logged as float32)
-                v = state[RAW0 + step_map[s, 1]]
-                r[step_map[s, 0]] = np.float64(np.float32(v)) if step_map[s, 2] else v
-            if cols[0] >= 0:
-                r[cols[0]] = rank[i]
-            if cols[1] >= 0:
-                r[cols[1]] = logprob[i]
-            if cols[2] >= 0:
-                r[cols[2]] = entropy[i]
-            if cols[3] >= 0:
-                r[cols[3]] = margin[i]
-            if cols[4] >= 0:
-                r[cols[4]] = path_lp[i]
-            if cols[5] >= 0:
-                r[cols[5]] = parent_prob[i]
-            if cols[6] >= 0:
-                r[cols[6]] = tokens[i]
-            if cols[7] >= 0:
-                # a one-entry table: the frontier came without one, every token reads as "special"
-                r[cols[7]] = type_codes[type_table[tokens[i]] if type_table.shape[0] > 1 else type_table[0]]
-            if cols[8] >= 0:
-                r[cols[8]] = parent_rows[parent[i] + 1, 0]
-            if cols[9] >= 0:
-                r[cols[9]] = parent_rows[parent[i] + 1, 1]
-            if cols[10] >= 0:
-                r[cols[10]] = depth
-            if cols[11] >= 0:
-                r[cols[11]] = state[POS0] + depth
-            parent_rows[push_at + i, 0] = margin[i]  # this level as the next level's parents
-            parent_rows[push_at + i, 1] = entropy[i]
-        # 2. the forest, then the isotonic map (np.interp's arithmetic) and the request's correction
+        fill(x, m, cols, step_map, tokens, rank, logprob, entropy, margin, path_lp, parent_prob, parent,
+             parent_rows, push_at, type_table, type_codes, state)
         call_forest(forest, x.ctypes.data, raw[at:].ctypes.data, np.int32(m))
-        k = iso_x.shape[0]
-        best = 0.0
-        for i in range(m):
-            p = raw[at + i]
-            if k > 0:
-                if p >= iso_x[k - 1]:
-                    p = iso_y[k - 1]
-                elif p <= iso_x[0]:
-                    p = iso_y[0]
-                else:
-                    j = np.searchsorted(iso_x, p, side="right") - 1
-                    if iso_x[j] == p:
-                        p = iso_y[j]
-                    else:
-                        p = (iso_y[j + 1] - iso_y[j]) / (iso_x[j + 1] - iso_x[j]) * (p - iso_x[j]) + iso_y[j]
-                raw[at + i] = p
-            if state[CAL_ON] > 0.0:
-                q = min(max(p, _CLIP), 1.0 - _CLIP)
-                p = 1.0 / (1.0 + state[CAL_SCALE] * ((1.0 - q) / q) ** state[CAL_SLOPE])
-            if i == 0 or p > best:
-                best = p
-            value[at + i] = p if depth == 1.0 else value[parent[i]] * p
-        state[BEST] = best
-        # 3. keep: best value first while it clears the threshold, the budget and its verify cost
-        timed = rules[_TIMED] > 0.0
-        v = value[at:at + m]
-        order = np.argsort(-v, kind="mergesort")  # stable: ties by index, as Python's sorted
-        for i in range(m):
-            keep[at + i] = False
-            children[at + i] = 0
-        gain, nodes, draft_ms = state[GAIN], state[NODES], state[DRAFT_MS]
-        kept = 0
-        for i in order:
-            vi = v[i]
-            n = int(nodes)
-            if nodes >= rules[_NODE_BUDGET] or vi < rules[_THRESHOLD]:
-                break
-            if timed and vi < rules[_COST_SCALE] * (target[n + 2] - target[n + 1]) * gain / (draft_ms + target[n + 1]):
-                break
-            keep[at + i] = True
-            gain += vi
-            nodes += 1.0
-            kept += 1
-        # 4. expand: children under kept nodes whose best child may clear the threshold, if the level pays
-        if depth < rules[_MAX_DEPTH] and kept > 0 and nodes < rules[_NODE_BUDGET]:
-            want, total = 0, 0.0
-            for i in range(m):
-                g = v[i] * state[EST]
-                if keep[at + i] and g >= rules[_THRESHOLD]:
-                    want += 1
-                    total += g
-            if want > 0:
-                level_ms = draft[want] if timed else 0.0
-                cost = rules[_COST_SCALE] * level_ms * gain / (draft_ms + target[int(nodes) + 1]) if timed else 0.0
-                if total >= cost:
-                    draft_ms += level_ms
-                    for i in range(m):
-                        if keep[at + i] and v[i] * state[EST] >= rules[_THRESHOLD]:
-                            children[at + i] = int(rules[_MAX_WIDTH])
+        calibrate(raw, at, m, iso_x, iso_y, parent, value, state)
+        n = keep(value, at, m, kept, children, rules, target, state)
+        if n > 0:
+            expand(value, at, m, kept, children, rules, target, draft, state)
         for i in range(m):  # the step's values by candidate index hold 0 where pruned
-            if not keep[at + i]:
+            if not kept[at + i]:
                 value[at + i] = 0.0
-        state[GAIN], state[NODES], state[DRAFT_MS] = gain, nodes, draft_ms
-        return kept
+        return n
 
     return level
 

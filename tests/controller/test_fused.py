@@ -127,6 +127,16 @@ def test_the_native_predictions_equal_lightgbms_on_a_decode(pair, shipped) -> No
     np.testing.assert_allclose(policy.seen[-1][2], shipped.calibrator(booster), rtol=0, atol=1e-6)
 
 
+def test_without_numba_learned_tree_decodes_in_python(pair, shipped, monkeypatch) -> None:
+    import controller.fused as fused
+
+    monkeypatch.setattr(fused, "kernel", lambda: None)  # what kernel() answers where numba does not import
+    policy = LearnedTree(shipped, BudgetsFile(default=CASES["budget only"][0]))
+    out = pair.generate("def f(x):", max_new_tokens=16, tree=policy, domain="code")
+    assert not policy.native_level and policy._rows is not None
+    assert out.token_ids == pair.generate_plain("def f(x):", max_new_tokens=16).token_ids
+
+
 def test_without_an_entry_point_learned_tree_stays_in_python(shipped) -> None:
     class NoForest:
         forest = None
