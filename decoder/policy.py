@@ -40,8 +40,28 @@ def _column(name: str, doc: str) -> property:
     return property(lambda self: torch.from_numpy(self.columns[name]), doc=f"[m] tensor view: {doc}")
 
 
+class _CandidateViews:
+    """Tensor views of the per-candidate columns a ``Frontier`` and the step's ``Candidates`` share (each holds
+    them as numpy arrays in ``columns``)."""
+
+    columns: Mapping[str, np.ndarray]
+
+    tokens = _column("tokens", "draft token ids")
+    parent = _column("parent", "candidate index of the parent in the whole step, -1 for the root")
+    sibling_rank = _column("sibling_rank", "rank among its siblings by draft probability")
+    draft_logprob = _column("draft_logprob", "log draft probability")
+    draft_entropy = _column("draft_entropy", "entropy of the distribution it was drafted from")
+    draft_margin = _column("draft_margin", "top-1 minus top-2 probability of that distribution")
+    path_logprob = _column("path_logprob", "summed draft log probability from the root")
+    parent_draft_prob = _column("parent_draft_prob", "the parent's own draft probability")
+
+    @property
+    def size(self) -> int:
+        return len(self.columns["tokens"])
+
+
 @dataclass(frozen=True)
-class Frontier:
+class Frontier(_CandidateViews):
     """Candidates at one depth of the tree being drafted: per-candidate columns ([m] numpy arrays, read as
     ``arrays()`` or as tensor views like ``frontier.tokens``) and the step's scalars.
 
@@ -62,15 +82,6 @@ class Frontier:
     prev_accepted: int = -1
     token_type_table: np.ndarray | None = field(default=None, repr=False)  # [V] index into TOKEN_TYPES
 
-    tokens = _column("tokens", "draft token ids")
-    parent = _column("parent", "candidate index of the parent in the whole step, -1 for the root")
-    sibling_rank = _column("sibling_rank", "rank among its siblings by draft probability")
-    draft_logprob = _column("draft_logprob", "log draft probability")
-    draft_entropy = _column("draft_entropy", "entropy of the distribution it was drafted from")
-    draft_margin = _column("draft_margin", "top-1 minus top-2 probability of that distribution")
-    path_logprob = _column("path_logprob", "summed draft log probability from the root")
-    parent_draft_prob = _column("parent_draft_prob", "the parent's own draft probability")
-
     @classmethod
     def of(cls, *, tokens: torch.Tensor | np.ndarray, parent: torch.Tensor | np.ndarray,
            sibling_rank: torch.Tensor | np.ndarray, draft_logprob: torch.Tensor | np.ndarray,
@@ -83,10 +94,6 @@ class Frontier:
         cols = {n: v.numpy() if isinstance(v, torch.Tensor) else np.asarray(v)
                 for n, v in zip(_COLUMNS, given, strict=True)}
         return cls(columns=cols, **scalars)  # type: ignore[arg-type]
-
-    @property
-    def size(self) -> int:
-        return len(self.columns["tokens"])
 
     def arrays(self) -> Mapping[str, np.ndarray]:
         """The candidate columns as numpy arrays, by name (the drafter's own: do not write into them)."""
@@ -125,26 +132,14 @@ _CANDIDATE_COLUMNS = (*_COLUMNS, "depth", "tree_index")
 
 
 @dataclass(frozen=True)
-class Candidates:
+class Candidates(_CandidateViews):
     """Every candidate drafted in one step, in level order: [m] numpy columns (``columns``, by name) read as
     tensor views (``candidates.path_logprob``); tensors are made only for what a reader asks for."""
 
     columns: Mapping[str, np.ndarray] = field(repr=False)  # every name of _CANDIDATE_COLUMNS
 
-    tokens = _column("tokens", "draft token ids")
-    parent = _column("parent", "candidate index of the parent, -1 for the root")
     depth = _column("depth", "1 for the root's children")
-    sibling_rank = _column("sibling_rank", "rank among its siblings by draft probability")
-    draft_logprob = _column("draft_logprob", "log draft probability")
-    draft_entropy = _column("draft_entropy", "entropy of the distribution it was drafted from")
-    draft_margin = _column("draft_margin", "top-1 minus top-2 probability of that distribution")
-    path_logprob = _column("path_logprob", "summed draft log probability from the root")
-    parent_draft_prob = _column("parent_draft_prob", "the parent's own draft probability")
     tree_index = _column("tree_index", "index in the DraftTree, -1 when the policy pruned it")
-
-    @property
-    def size(self) -> int:
-        return len(self.columns["tokens"])
 
     def with_tree_index(self, tree_index: np.ndarray) -> Candidates:
         return Candidates({**self.columns, "tree_index": tree_index})
