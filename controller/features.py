@@ -152,15 +152,13 @@ class FeatureRows:
         """The whole buffer; rows ``[:m]`` hold the last frontier filled."""
         return self._x
 
-    def prepare(self, frontier: Frontier, context: RequestFeatures) -> np.ndarray:
-        """The whole matrix, grown to hold the frontier, with the step's shared scalars written: what a caller
-        that writes the per-level columns itself (``controller.fused``) needs first."""
-        m = frontier.size
+    def reserve(self, m: int) -> np.ndarray:
+        """The whole matrix, grown when it holds fewer than ``m`` rows (the domain column and the step's scalars
+        carried over from row 0)."""
         if m > self._x.shape[0]:
             grown = np.empty((max(m, 2 * self._x.shape[0]), self._x.shape[1]), dtype=np.float64)
-            grown[:] = self._x[0]  # keeps the domain column and the step's scalars
+            grown[:] = self._x[0]
             self._x = grown
-        self._fill_step_scalars(frontier, context)
         return self._x
 
     def step_map(self) -> list[tuple[int, int, bool]]:
@@ -183,7 +181,8 @@ class FeatureRows:
         A handful of numpy calls per level, whatever the feature count: each call right after a model
         forward costs several microseconds (cold caches), more than its work on a dozen rows."""
         m = frontier.size
-        x = self.prepare(frontier, context)[:m]
+        x = self.reserve(m)[:m]
+        self._fill_step_scalars(frontier, context)
         for j, get in self._level_scalars:
             x[:, j] = get(frontier, context)
         cols = frontier.arrays()

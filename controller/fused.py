@@ -26,9 +26,10 @@ import numpy as np
 from decoder import Frontier
 from predictor.derived import RequestFeatures
 
+from .budgets import DomainBudget
 from .features import SPECIAL, STEP_SCALARS, FeatureRows, raw_step_scalars
 
-# The per-level sources the kernel writes, in the order of ``LevelInputs.columns`` (-1: the model does not read it).
+# The per-level sources the kernel writes, in the order of ``FusedLevel.cols`` (-1: the model does not read it).
 SOURCES = ("sibling_rank", "draft_logprob", "draft_entropy", "draft_margin", "path_logprob", "parent_draft_prob",
            "token_id", "token_type", "parent_margin", "parent_entropy", "depth", "position")
 # rules[]: the request's budget, one float64 array (one argument, not six).
@@ -226,7 +227,7 @@ class FusedLevel:
 
     @classmethod
     def build(cls, rows: FeatureRows, predictor: object, target: list[float], draft: list[float],
-              budget: Any) -> FusedLevel | None:
+              budget: DomainBudget) -> FusedLevel | None:
         """The fused level for this request, or None when numba, an entry point or the isotonic map is missing."""
         forest = getattr(predictor, "forest", None)
         address = getattr(forest, "entry_address", None)
@@ -258,9 +259,7 @@ class FusedLevel:
         if end > self.keep.shape[0]:  # new buffers: earlier levels' views keep the old ones
             self.keep, self.children, self.raw = (np.zeros(2 * end, dtype=np.bool_),
                                                   np.zeros(2 * end, dtype=np.int64), np.zeros(2 * end))
-        x = self.rows.matrix
-        if m > x.shape[0]:
-            x = self.rows.prepare(frontier, context)
+        x = self.rows.reserve(m)
         parent_rows, push_at = context.claim(m)  # this level as the next level's parents
         table = frontier.token_type_table
         self.state[EST], self.state[DEPTH] = est, frontier.depth

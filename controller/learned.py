@@ -71,6 +71,12 @@ class _Level:
     keep: np.ndarray
 
 
+def _child_estimate(frontier: Frontier) -> float:
+    """The chance a kept node's best child is accepted, for the expand rule: the request's running rate."""
+    rate = frontier.running_accept_rate
+    return PRIOR_ACCEPTANCE if rate != rate else max(rate, 1e-3)
+
+
 def _frozen_plan(plan: LevelPlan) -> LevelPlan:
     plan.keep.flags.writeable = plan.children.flags.writeable = False
     return plan
@@ -269,16 +275,22 @@ class LearnedTree:
         parents = cols["parent"]
         at = self._count
         end = self._count = at + len(parents)
-        if end > len(self._value):
-            self._value = np.concatenate([self._value[:at], np.zeros(end)])
-        rate = frontier.running_accept_rate
-        fused.run(frontier, cols, self._context, self._value, at, PRIOR_ACCEPTANCE if rate != rate else max(rate, 1e-3))
+        self._values_room(at, end)
+        fused.run(frontier, cols, self._context, self._value, at, _child_estimate(frontier))
         keep = fused.keep[at:end]
         self._step.append(_Level(fused.raw[at:end], parents, keep))
         if frontier.depth == 1:
-            best = float(fused.state[BEST]) if end > at else 0.0
-            self._root_value = best if self._root_value is None else 0.5 * (self._root_value + best)
+            self._note_best(float(fused.state[BEST]) if end > at else 0.0)
         return LevelPlan(keep, fused.children[at:end])
+
+    def _values_room(self, count: int, end: int) -> None:
+        """Room for path values up to candidate ``end`` (the first ``count`` kept as they are)."""
+        if end > len(self._value):
+            self._value = np.concatenate([self._value[:count], np.zeros(end)])
+
+    def _note_best(self, best: float) -> None:
+        """Fold a step's best root-child value into the running mean the root decision reads."""
+        self._root_value = best if self._root_value is None else 0.5 * (self._root_value + best)
 
     def _values_of(self, frontier: Frontier) -> np.ndarray:
         """[m] float64 predicted path values: the (corrected) conditional acceptance times the parent's value."""
@@ -294,16 +306,14 @@ class LearnedTree:
         p = self._calibrator(raw) if self.online is not None else raw
         self._step.append(_Level(raw, parents, np.zeros(len(raw), dtype=bool)))
         if frontier.depth == 1:
-            best = float(np.max(p)) if len(p) else 0.0
-            self._root_value = best if self._root_value is None else 0.5 * (self._root_value + best)
+            self._note_best(float(np.max(p)) if len(p) else 0.0)
             return np.asarray(p, dtype=np.float64)
         return self._value[parents] * p
 
     def _record(self, value: np.ndarray) -> None:
         """Append a level's path values (0 where pruned) to the step's values by candidate index."""
         end = self._count + len(value)
-        if end > len(self._value):
-            self._value = np.concatenate([self._value[: self._count], np.zeros(end)])
+        self._values_room(self._count, end)
         self._value[self._count:end] = value
         self._count = end
 
@@ -331,8 +341,7 @@ class LearnedTree:
         children = [0] * len(keep)
         if frontier.depth >= self.budget.max_depth or not any(keep) or self._nodes >= self.budget.node_budget:
             return children
-        rate = frontier.running_accept_rate
-        est = PRIOR_ACCEPTANCE if rate != rate else max(rate, 1e-3)
+        est = _child_estimate(frontier)
         threshold = self.budget.threshold
         gains = [v * est for v in value.tolist()]
         want = [i for i, (g, k) in enumerate(zip(gains, keep, strict=True)) if k and g >= threshold]
