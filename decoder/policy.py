@@ -102,7 +102,7 @@ class Frontier(_CandidateViews):
     def features(self) -> dict[str, np.ndarray]:
         """Node-log feature columns for these candidates (what a learned predictor consumes)."""
         m = self.size
-        types = (_TYPE_NAMES[self.token_type_table[self.tokens.numpy()]] if self.token_type_table is not None
+        types = (_TYPE_NAMES[self.token_type_table[self.columns["tokens"]]] if self.token_type_table is not None
                  else np.full(m, "special", dtype=object))
         return candidate_features(self, np.full(m, self.depth), types, domain=self.domain, position=self.position,
                                   prompt_len=self.prompt_len, running_accept_rate=self.running_accept_rate,
@@ -112,7 +112,8 @@ class Frontier(_CandidateViews):
         """``features()`` without object arrays, for a predictor's hot path: ``token_type`` as integer codes
         into ``TOKEN_TYPES`` and no ``domain`` (the caller adds its own code)."""
         m = self.size
-        tokens = self.tokens.numpy()
+        c = self.columns
+        tokens = c["tokens"]
         types = (self.token_type_table[tokens] if self.token_type_table is not None
                  else np.full(m, _SPECIAL, dtype=np.int64))
 
@@ -121,10 +122,9 @@ class Frontier(_CandidateViews):
                    "temperature": self.temperature}
         # Scalars in the node log's types (training saw float32 rates).
         return {name: np.full(m, v, dtype=NUMPY_TYPES[name]) for name, v in scalars.items()} | {
-            "sibling_rank": self.sibling_rank.numpy(), "token_id": tokens, "token_type": types,
-            "draft_logprob": self.draft_logprob.numpy(), "draft_entropy": self.draft_entropy.numpy(),
-            "draft_margin": self.draft_margin.numpy(), "path_logprob": self.path_logprob.numpy(),
-            "parent_draft_prob": self.parent_draft_prob.numpy(),
+            "token_id": tokens, "token_type": types,
+            **{n: c[n] for n in ("sibling_rank", "draft_logprob", "draft_entropy", "draft_margin", "path_logprob",
+                                 "parent_draft_prob")},
         }
 
 
@@ -155,10 +155,11 @@ def candidate_features(c: Frontier | Candidates, depth: np.ndarray, token_type: 
     generated before the step; a node at depth d would become output token ``position + d - 1``.
     """
     return feature_columns(c.size, {
-        "domain": domain, "depth": depth, "sibling_rank": c.sibling_rank.numpy(), "token_id": c.tokens.numpy(),
-        "token_type": token_type, "draft_logprob": c.draft_logprob.numpy(), "draft_entropy": c.draft_entropy.numpy(),
-        "draft_margin": c.draft_margin.numpy(), "path_logprob": c.path_logprob.numpy(),
-        "parent_draft_prob": c.parent_draft_prob.numpy(), "position": position + depth - 1, "prompt_len": prompt_len,
+        "domain": domain, "depth": depth, "sibling_rank": c.columns["sibling_rank"], "token_id": c.columns["tokens"],
+        "token_type": token_type, "draft_logprob": c.columns["draft_logprob"],
+        "draft_entropy": c.columns["draft_entropy"], "draft_margin": c.columns["draft_margin"],
+        "path_logprob": c.columns["path_logprob"], "parent_draft_prob": c.columns["parent_draft_prob"],
+        "position": position + depth - 1, "prompt_len": prompt_len,
         "running_accept_rate": running_accept_rate, "prev_accepted": prev_accepted, "temperature": temperature,
     })
 
