@@ -16,9 +16,9 @@ from pathlib import Path
 import numpy as np
 import torch
 from pydantic import BaseModel, PrivateAttr, ValidationError
-from transformers import DynamicCache, PreTrainedModel
+from transformers import PreTrainedModel
 
-from decoder import TreeDecoder, TreewiseError, tree_attention_mask
+from decoder import ArenaCache, TreeDecoder, TreewiseError, tree_attention_mask
 from decoder.atomic import write_bytes_atomic
 from decoder.paths import data_dir
 
@@ -91,7 +91,7 @@ def _time_forward(model: PreTrainedModel, context: int, n: int, repeats: int) ->
     vocab = model.get_output_embeddings().weight.shape[0]
     gen = torch.Generator().manual_seed(0)
     ctx_ids = torch.randint(0, vocab, (1, context), generator=gen).to(device)
-    cache = DynamicCache()
+    cache = ArenaCache(capacity=context + n)  # the cache decoding uses
     model(input_ids=ctx_ids, cache=cache, use_cache=True)
     ids = torch.randint(0, vocab, (1, n), generator=gen).to(device)
     mask = tree_attention_mask(torch.ones(n, n, dtype=torch.bool, device=device).tril(), context, dtype)

@@ -1,5 +1,6 @@
 """Lossless tree speculative decoding for any pair of Hugging Face causal LMs sharing a tokenizer."""
 
+from .arena import ArenaCache
 from .draft import DraftContext, DraftResult, draft_tree
 from .engine import DEFAULTS, DecodeConfig, TreeDecoder
 from .errors import TreewiseError
@@ -31,7 +32,7 @@ from .verify import Acceptance, Sampling, Verifier, VerifyInput, verify, verify_
 
 __all__ = [
     "DEFAULTS", "FEATURE_COLUMNS", "LABEL_COLUMNS", "SCHEMA", "SCHEMA_VERSION", "TOKEN_TYPES", "Acceptance",
-    "Candidates", "Chain", "DecodeConfig", "DraftContext", "DraftResult", "DraftTree", "Frontier",
+    "ArenaCache", "Candidates", "Chain", "DecodeConfig", "DraftContext", "DraftResult", "DraftTree", "Frontier",
     "GenerationResult", "GenerationStats", "LevelPlan", "NoDraft", "NodeLogError", "NodeLogWriter", "RequestInfo",
     "Sampling", "StageTimes", "StaticTree", "StepOutcome", "StepStats", "TreeDecoder", "TreePolicy", "TreewiseError",
     "Verifier", "VerifyInput", "chain_then_tree", "draft_tree", "read_node_logs", "top_k_mask",

@@ -95,7 +95,7 @@ def _step(dec: StepCore, active: list[_Row], target: BatchCache, draft: BatchCac
     n = len(active)
     other = (time.perf_counter() - t0 - timing.draft_s - timing.verify_s) / n
     for row, dr, acc, out in zip(active, drafts, accs, emitted, strict=True):
-        row.req.seq = torch.cat([row.req.seq, torch.tensor(out, dtype=row.req.seq.dtype, device=dec.device)])
+        row.req.extend(out)
         # Shared forwards are split evenly between the rows that took part.
         row.stats.steps.append(StepStats(dr.candidates.size, dr.tree.size - 1, acc.accepted, len(out),
                                          dr.forwards, timing.draft_s / n, timing.verify_s / n, other, dr.policy_s))

@@ -54,7 +54,7 @@ class AttentionLayout:
     kinds: tuple[str, ...]  # distinct layer kinds, each FULL or SLIDING
     window: int | None  # sliding window in positions (None when no layer slides)
 
-    def mask(self, visible_new: torch.Tensor, past_len: int, positions: torch.Tensor,
+    def mask(self, visible_new: torch.Tensor, past_len: int, positions: torch.Tensor | None,
              dtype: torch.dtype) -> torch.Tensor | dict[str, torch.Tensor]:
         """Additive mask(s) [1, 1, q, past_len + t] for one forward: one tensor, or one per layer kind.
 

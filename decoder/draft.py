@@ -11,6 +11,7 @@ import numpy as np
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
+from .arena import ArenaCache
 from .capability import FULL, AttentionLayout
 from .kvcache import Feed, SoloCache
 from .policy import Candidates, Frontier, LevelPlan, TreePolicy
@@ -266,7 +267,7 @@ def _tree_index(keep: np.ndarray) -> np.ndarray:
     return index
 
 
-def draft_tree(model: PreTrainedModel, cache: DynamicCache, seq: torch.Tensor, policy: TreePolicy,
+def draft_tree(model: PreTrainedModel, cache: DynamicCache | ArenaCache, seq: torch.Tensor, policy: TreePolicy,
                ctx: DraftContext, sampling: Sampling, mode: DraftMode, vocab: int,
                gen: torch.Generator | None = None, layout: AttentionLayout | None = None,
                dtype: torch.dtype | None = None) -> DraftResult:

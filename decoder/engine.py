@@ -10,6 +10,7 @@ import torch
 from pydantic import BaseModel, ConfigDict
 from transformers import PreTrainedModel
 
+from .arena import ArenaCache
 from .batch import decode_batch, fresh_policy
 from .draft import draft_tree
 from .errors import TreewiseError
@@ -21,6 +22,8 @@ from .step import StepCore, _Request, _Run
 from .verify import DraftMode, Sampling, VerifyInput
 
 __all__ = ["DEFAULTS", "DecodeConfig", "TreeDecoder", "_Request", "_Run"]
+
+_TREE_ROOM = 64  # cache positions past prompt + new tokens for one step's tree
 
 
 class DecodeConfig(BaseModel):
@@ -96,7 +99,10 @@ class TreeDecoder(StepCore):
         return [self._result(r, st) for r, st in zip(reqs, stats, strict=True)]
 
     def _new_request(self, ids: list[int], max_new_tokens: int) -> _Request:
-        return _Request(seq=torch.tensor(ids, device=self.device), prompt_len=len(ids), max_new_tokens=max_new_tokens)
+        room = min(self.context, len(ids) + max_new_tokens) + _TREE_ROOM  # the arena seldom has to grow
+        return _Request(seq=torch.tensor(ids, device=self.device), prompt_len=len(ids), max_new_tokens=max_new_tokens,
+                        target_cache=ArenaCache(self.target_layers, room),
+                        draft_cache=ArenaCache(self.draft_layers, room))
 
     def _loop(self, req: _Request, run: _Run) -> GenerationStats:
         """The decode loop: draft -> verify -> accept -> cache update until a stop condition."""

@@ -12,11 +12,12 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import DynamicLayer
 
+from .arena import ArenaCache
 from .capability import AttentionLayout
 from .errors import TreewiseError
 
 
-def keep_rows(cache: DynamicCache, committed: int, rows: torch.Tensor | list[int]) -> None:
+def keep_rows(cache: DynamicCache | ArenaCache, committed: int, rows: torch.Tensor | list[int]) -> None:
     """Keep the first ``committed`` positions plus the slots ``rows`` (absolute, increasing), drop the rest.
 
     The kept rows are copied down to sit right after the committed prefix, then the tail is cropped,
@@ -24,6 +25,9 @@ def keep_rows(cache: DynamicCache, committed: int, rows: torch.Tensor | list[int
     only plain per-token layers qualify: a sliding-window layer evicts old rows and shifts every index.
     """
     wanted = rows.tolist() if isinstance(rows, torch.Tensor) else list(rows)
+    if isinstance(cache, ArenaCache):
+        cache.keep(committed, wanted)
+        return
     new_len = committed + len(wanted)
     # Rows already where they belong need no copy: the root always is, and often its first children.
     lead = 0
@@ -82,24 +86,27 @@ class Feed:
 class SoloCache:
     """One sequence's cache for one step: committed prefix, then pending slots in feeding order."""
 
-    def __init__(self, cache: DynamicCache, layout: AttentionLayout, dtype: torch.dtype,
+    def __init__(self, cache: DynamicCache | ArenaCache, layout: AttentionLayout, dtype: torch.dtype,
                  committed: int | None = None) -> None:
         self.cache, self.layout, self.dtype = cache, layout, dtype
         self.committed = cache.get_seq_length() if committed is None else committed  # the rest is pending
-        self.pending_pos: torch.Tensor | None = None  # [p] positions of the pending slots
+        self.pending = 0  # slots fed this step and not committed
+        self.pending_pos: torch.Tensor | None = None  # [p] their positions (tracked only for a sliding window)
         self.model_s = 0.0  # time inside the stock model calls (masks excluded)
 
     def forward(self, model: PreTrainedModel, feed: Feed) -> torch.Tensor:
         """Logits [t, V] of the new tokens (the last ``keep`` of them); the tokens join the cache."""
         device = feed.tokens.device
-        pending = self.pending_pos if self.pending_pos is not None else feed.positions[:0]
-        if feed.causal and self.pending_pos is None and self.layout.window is None:
+        window = self.layout.window is not None
+        if window and self.pending_pos is None:  # only a sliding window reads the slots' positions
+            self.pending_pos = feed.positions[:0]
+        if feed.causal and self.pending == 0 and not window:
             # A causal chain after the committed prefix is the mask a full-attention model builds itself (slot
             # i holds position i): leave it to the model, as generate() does.
             mask = None
         else:
-            mask = self.layout.mask(feed.visible.to(device), self.committed, torch.cat([pending, feed.positions]),
-                                    self.dtype)
+            positions = torch.cat([self.pending_pos, feed.positions]) if self.pending_pos is not None else None
+            mask = self.layout.mask(feed.visible.to(device), self.committed, positions, self.dtype)
         t0 = time.perf_counter()
         out = model(input_ids=feed.tokens[None], position_ids=feed.positions[None], attention_mask=mask,
                     cache=self.cache, use_cache=True, logits_to_keep=feed.keep)
@@ -107,14 +114,16 @@ class SoloCache:
             torch.cuda.synchronize(device)
         self.model_s += time.perf_counter() - t0
         self.committed += feed.commit
-        self.pending_pos = torch.cat([pending, feed.positions[feed.commit:]])
+        self.pending += feed.size - feed.commit
+        if self.pending_pos is not None:
+            self.pending_pos = torch.cat([self.pending_pos, feed.positions[feed.commit:]])
         return out.logits[0]
 
     def compact(self, keep: list[int]) -> None:
         """Keep the committed prefix plus the pending slots ``keep`` (increasing); they become committed."""
         keep_rows(self.cache, self.committed, [self.committed + k for k in keep])
         self.committed += len(keep)
-        self.pending_pos = None
+        self.pending, self.pending_pos = 0, None
 
 
 class BatchCache:

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
+from .arena import ArenaCache
 from .capability import attention_layout
 from .draft import DraftContext, DraftResult
 from .errors import TreewiseError
@@ -35,17 +36,36 @@ class _Request:
     seq: torch.Tensor  # [L] prompt + generated tokens; the last one is pending (not in the target cache)
     prompt_len: int
     max_new_tokens: int
-    target_cache: DynamicCache = field(default_factory=DynamicCache)
-    draft_cache: DynamicCache = field(default_factory=DynamicCache)
+    target_cache: DynamicCache | ArenaCache = field(default_factory=ArenaCache)
+    draft_cache: DynamicCache | ArenaCache = field(default_factory=ArenaCache)
     generated: list[int] = field(default_factory=list)
     tried: int = 0
     accepted: int = 0
     prev_accepted: int = -1
     finish: FinishReason | None = None
+    _buffer: torch.Tensor | None = None  # [capacity] tokens; ``seq`` is a prefix view of it once extended
+    _buffer_np: np.ndarray | None = None  # the same memory, for appends without a torch op (CPU only)
 
     @property
     def running_accept_rate(self) -> float:
         return self.accepted / self.tried if self.tried else float("nan")
+
+    def extend(self, tokens: list[int]) -> None:
+        """Append committed tokens in place: ``seq`` becomes a longer view of one preallocated buffer."""
+        n, k = self.seq.numel(), len(tokens)
+        if self._buffer is None or n + k > self._buffer.numel():
+            capacity = max(self.prompt_len + self.max_new_tokens + 1, 2 * (n + k))
+            if self.seq.device.type == "cpu":
+                self._buffer_np = np.zeros(capacity, dtype=np.int64)
+                self._buffer = torch.from_numpy(self._buffer_np)
+            else:
+                self._buffer = torch.zeros(capacity, dtype=torch.long, device=self.seq.device)
+            self._buffer[:n] = self.seq
+        if self._buffer_np is not None:
+            self._buffer_np[n : n + k] = tokens  # writes past ``seq``: views handed out earlier stay valid
+        else:
+            self._buffer[n : n + k] = torch.tensor(tokens, dtype=torch.long, device=self._buffer.device)
+        self.seq = self._buffer[: n + k]
 
 
 @dataclass(frozen=True)
@@ -86,6 +106,7 @@ class StepCore:
         self.target_dtype, self.draft_dtype = target.dtype, draft.dtype
         self.vocab = int(target.get_output_embeddings().weight.shape[0])
         self.context = _context_length(target)
+        self.target_layers, self.draft_layers = _layer_count(target), _layer_count(draft)  # sizes their arenas
         eos = target.generation_config.eos_token_id  # what model.generate stops on
         self.eos_ids = frozenset([eos] if isinstance(eos, int) else (eos or []))
         self._token_types = token_type_table(tokenizer, self.vocab)
@@ -173,7 +194,7 @@ class StepCore:
         if req.draft_cache.get_seq_length() >= committed:  # the draft caught up this step
             SoloCache(req.draft_cache, self.draft_layout, self.draft_dtype, committed).compact(
                 draft_keep(dr, acc, emitted))
-        req.seq = torch.cat([req.seq, torch.tensor(emitted, dtype=req.seq.dtype, device=self.device)])
+        req.extend(emitted)
 
     def _encode(self, prompt: str | list[int], max_new_tokens: int) -> list[int]:
         if max_new_tokens < 1:
@@ -211,6 +232,11 @@ class StepCore:
     def _pad_id(self) -> int | None:
         pad = self.tokenizer.pad_token_id
         return pad if pad is not None else (min(self.eos_ids) if self.eos_ids else None)
+
+
+def _layer_count(model: PreTrainedModel) -> int:
+    layers = getattr(model.config.get_text_config(decoder=True), "num_hidden_layers", None)
+    return layers if isinstance(layers, int) and layers > 0 else 1
 
 
 def _context_length(model: PreTrainedModel) -> int:

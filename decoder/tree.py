@@ -10,6 +10,7 @@ import torch
 
 from .errors import TreewiseError
 
+_NUMPY_FLOATS = {torch.float32: np.float32, torch.float16: np.float16, torch.float64: np.float64}
 
 @dataclass(frozen=True)
 class DraftTree:
@@ -90,7 +91,13 @@ def tree_attention_mask(visible_new: torch.Tensor, past_len: int, dtype: torch.d
     position i (compaction keeps only the committed prefix), so the window counts along each node's path.
     """
     q, t = visible_new.shape
-    if window is None:  # the common case in a few ops: only the uncached slots can be hidden
+    if window is None and visible_new.device.type == "cpu" and dtype in _NUMPY_FLOATS:
+        # The common case on CPU, in numpy: two array ops (~8 us) instead of four torch ones (~20 us).
+        np_dtype = _NUMPY_FLOATS[dtype]
+        out = np.zeros((1, 1, q, past_len + t), dtype=np_dtype)
+        np.copyto(out[0, 0, :, past_len:], np.finfo(np_dtype).min, where=~visible_new.numpy())
+        return torch.from_numpy(out)
+    if window is None:  # only the uncached slots can be hidden
         mask = torch.zeros(q, past_len + t, dtype=dtype, device=visible_new.device)
         mask[:, past_len:].masked_fill_(~visible_new, torch.finfo(dtype).min)
         return mask[None, None]
