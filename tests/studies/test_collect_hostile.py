@@ -62,6 +62,9 @@ def test_second_writer_is_refused_and_a_killed_writer_leaves_no_stale_lock(suite
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and first.poll() is None and not list(records.glob("*.json")):
         time.sleep(0.005)
+    # Frozen while it holds the shard: a fast machine could otherwise finish the whole collect before the
+    # second writer looks (SIGKILL below still ends a stopped process).
+    first.send_signal(signal.SIGSTOP)
     try:
         assert first.poll() is None, "the first collect should still be running"
         # A second writer on the same shard: refused before it touches anything (it would delete the first
