@@ -101,7 +101,7 @@ def verify(inp: VerifyInput) -> Acceptance:
 
 def verify_greedy(inp: VerifyInput) -> Acceptance:
     tree = inp.tree
-    argmax = row_argmax(inp.target_logits).tolist()  # [n]
+    argmax = _LazyArgmax(inp.target_logits)
     nan = torch.full((tree.size,), float("nan"))
     if tree.size == 1:  # a plain step: the target's token after the root
         return Acceptance(path=[0], bonus=argmax[0], target_probs=None, accept_prob=nan)
@@ -112,7 +112,7 @@ def verify_greedy(inp: VerifyInput) -> Acceptance:
     best = 0  # the first accepted node of the greatest depth
     for i in range(1, tree.size):
         p = parents[i]
-        if depth[p] >= 0 and tokens[i] == argmax[p]:
+        if depth[p] >= 0 and tokens[i] == argmax[p]:  # argmax read only at accepted nodes
             depth[i] = depth[p] + 1
             if depth[i] > depth[best]:
                 best = i
@@ -123,6 +123,23 @@ def verify_greedy(inp: VerifyInput) -> Acceptance:
         path.append(parents[path[-1]])
     # The greedy rule reads only the argmax: no softmax over the vocabulary (node logs compute it themselves).
     return Acceptance(path=path[::-1], bonus=argmax[best], target_probs=None, accept_prob=nan)
+
+
+class _LazyArgmax:
+    """Row argmaxes of logits [n, V], each computed on first read. On the CPU only the accepted nodes' rows
+    are read (about tau of a tree's n rows), each one numpy pass; elsewhere all rows at once, one transfer."""
+
+    def __init__(self, logits: torch.Tensor) -> None:
+        self.rows = logits.detach().numpy() if logits.device.type == "cpu" else None
+        self.all = row_argmax(logits).tolist() if self.rows is None else None
+        self.known: dict[int, int] = {}
+
+    def __getitem__(self, i: int) -> int:
+        if self.all is not None:
+            return self.all[i]
+        if i not in self.known:
+            self.known[i] = int(self.rows[i].argmax())  # type: ignore[index]
+        return self.known[i]
 
 
 def row_argmax(logits: torch.Tensor) -> np.ndarray:
