@@ -1,4 +1,4 @@
-"""A preallocated KV cache: every layer's keys and values live in one buffer, compacted by a few copies.
+"""A preallocated KV cache: the layers' keys and values share preallocated blocks, compacted by a few copies.
 
 A stock ``DynamicCache`` grows each layer by ``torch.cat`` (a full copy of the layer per forward), and a
 step's compaction moves the accepted rows layer by layer: 2 x layers copies of a few rows each, ~4 us of
