@@ -12,6 +12,7 @@ from .errors import TreewiseError
 
 _NUMPY_FLOATS = {torch.float32: np.float32, torch.float16: np.float16, torch.float64: np.float64}
 
+
 @dataclass(frozen=True)
 class DraftTree:
     """A token tree rooted at the last committed token.

@@ -1,65 +1,14 @@
-"""``ArenaCache``: the stock model sees the same keys and values as with a ``DynamicCache``; compaction (slice runs
-or a gather, over one or several blocks, after regrowth) equals the reference gather; the token buffer appends."""
+"""``ArenaCache``: the stock model sees the same keys and values as with a ``DynamicCache``; slice runs never
+overlap; what it does not do says so; the token buffer appends. (Its compaction: test_kvcache.py.)"""
 
 import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 
 from decoder.arena import ArenaCache, _runs
 from decoder.errors import TreewiseError
 from decoder.kvcache import keep_rows
 from decoder.step import _Request
-
-DIM = 4
-# (key heads, value heads, value dim) per layer: the last two layers differ, so they take other blocks
-SHAPES = [(2, 2, DIM), (2, 2, DIM), (3, 3, DIM), (2, 2, DIM + 2)]
-
-
-def _fill(cache: ArenaCache | DynamicCache, length: int, chunks: int = 3) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Feed ``length`` positions in ``chunks`` forwards; the reference keys and values of every layer."""
-    g = torch.Generator().manual_seed(length)
-    full = [(torch.randn(1, kh, length, DIM, generator=g), torch.randn(1, vh, length, vd, generator=g))
-            for kh, vh, vd in SHAPES]
-    bounds = sorted({0, length, *torch.randint(0, length + 1, (chunks - 1,), generator=g).tolist()})
-    for lo, hi in zip(bounds, bounds[1:], strict=False):
-        for layer, (k, v) in enumerate(full):
-            cache.update(k[:, :, lo:hi], v[:, :, lo:hi], layer)
-    return full
-
-
-@st.composite
-def kept_slots(draw: st.DrawFn) -> tuple[int, int, list[int]]:
-    committed = draw(st.integers(min_value=0, max_value=6))
-    pending = draw(st.integers(min_value=1, max_value=12))
-    slots = draw(st.lists(st.integers(min_value=0, max_value=pending - 1), unique=True, max_size=pending))
-    return committed, pending, sorted(committed + s for s in slots)
-
-
-@settings(max_examples=300, deadline=None)
-@given(kept_slots(), st.sampled_from([1, 5, 256]))
-def test_keep_equals_the_reference_gather(case: tuple[int, int, list[int]], capacity: int) -> None:
-    committed, pending, rows = case
-    cache = ArenaCache(layers=2, capacity=capacity)  # capacity 1 and 5 force regrowth while filling
-    full = _fill(cache, committed + pending)
-    keep_rows(cache, committed, rows)
-    index = torch.tensor(list(range(committed)) + rows, dtype=torch.long)
-    assert cache.get_seq_length() == committed + len(rows)
-    for layer, (k, v) in zip(cache.layers, full, strict=True):
-        assert torch.equal(layer.keys, k[:, :, index]) and torch.equal(layer.values, v[:, :, index])
-    # What comes after compaction lands right behind the kept rows.
-    k_new, v_new = torch.ones(1, 2, 1, DIM), torch.ones(1, 2, 1, DIM)
-    keys, values = cache.update(k_new, v_new, 0)
-    assert torch.equal(keys, torch.cat([full[0][0][:, :, index], k_new], dim=2))
-    assert torch.equal(values, torch.cat([full[0][1][:, :, index], v_new], dim=2))
-
-
-def test_the_layers_share_blocks_by_shape() -> None:
-    cache = ArenaCache(layers=4)
-    _fill(cache, 6)
-    assert len(cache.blocks) == 3  # (2 heads), (3 heads), and the wider values' own block
-    assert sum(block.used for block in cache.blocks.values()) == 5  # the last layer takes a key and a value slot
 
 
 def test_runs_are_slices_that_never_overlap() -> None:
@@ -97,7 +46,7 @@ def test_a_stock_model_reads_the_same_cache() -> None:
 
 def test_what_an_arena_does_not_do_says_so() -> None:
     cache = ArenaCache()
-    _fill(cache, 4)
+    cache.update(torch.randn(1, 2, 4, 8), torch.randn(1, 2, 4, 8), 0)
     with pytest.raises(TreewiseError, match="one sequence"):
         cache.layers[0].batch_select_indices(torch.tensor([0]))
     with pytest.raises(TreewiseError, match="offloaded"):

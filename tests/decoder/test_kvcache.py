@@ -1,11 +1,13 @@
-"""``keep_rows``: every way of moving kept slots down (in place, one slice run, an index gather) leaves the cache
-equal to the reference gather of the committed prefix plus the kept slots."""
+"""``keep_rows``: every way of moving kept slots down (in place, one slice run, an index gather; in a DynamicCache
+or in an ArenaCache's blocks) leaves the cache equal to the reference gather of the committed prefix plus the
+kept slots."""
 
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers import DynamicCache
 
+from decoder.arena import ArenaCache
 from decoder.kvcache import keep_rows
 
 LAYERS, HEADS, DIM = 3, 2, 4
@@ -49,3 +51,45 @@ def test_the_common_cases_are_covered() -> None:
         keep_rows(cache, 10, rows)
         index = torch.tensor(list(range(10)) + rows)
         assert all(torch.equal(layer.keys, k[:, :, index]) for layer, k in zip(cache.layers, ref, strict=True))
+
+
+# ArenaCache: (key heads, value heads, value dim) per layer; the third layer's heads and the fourth's wider
+# values take other blocks than the first two layers.
+SHAPES = [(2, 2, DIM), (2, 2, DIM), (3, 3, DIM), (2, 2, DIM + 2)]
+
+
+def _fill_arena(cache: ArenaCache, length: int, chunks: int = 3) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Feed ``length`` positions in ``chunks`` forwards; the reference keys and values of every layer."""
+    g = torch.Generator().manual_seed(length)
+    full = [(torch.randn(1, kh, length, DIM, generator=g), torch.randn(1, vh, length, vd, generator=g))
+            for kh, vh, vd in SHAPES]
+    bounds = sorted({0, length, *torch.randint(0, length + 1, (chunks - 1,), generator=g).tolist()})
+    for lo, hi in zip(bounds, bounds[1:], strict=False):
+        for layer, (k, v) in enumerate(full):
+            cache.update(k[:, :, lo:hi], v[:, :, lo:hi], layer)
+    return full
+
+
+@settings(max_examples=300, deadline=None)
+@given(kept_slots(), st.sampled_from([1, 5, 256]))
+def test_an_arena_keeps_what_the_reference_gather_keeps(case: tuple[int, int, list[int]], capacity: int) -> None:
+    committed, pending, rows = case
+    cache = ArenaCache(layers=2, capacity=capacity)  # capacity 1 and 5 force regrowth while filling
+    full = _fill_arena(cache, committed + pending)
+    keep_rows(cache, committed, rows)
+    index = torch.tensor(list(range(committed)) + rows, dtype=torch.long)
+    assert cache.get_seq_length() == committed + len(rows)
+    for layer, (k, v) in zip(cache.layers, full, strict=True):
+        assert torch.equal(layer.keys, k[:, :, index]) and torch.equal(layer.values, v[:, :, index])
+    # What comes after compaction lands right behind the kept rows.
+    k_new, v_new = torch.ones(1, 2, 1, DIM), torch.ones(1, 2, 1, DIM)
+    keys, values = cache.update(k_new, v_new, 0)
+    assert torch.equal(keys, torch.cat([full[0][0][:, :, index], k_new], dim=2))
+    assert torch.equal(values, torch.cat([full[0][1][:, :, index], v_new], dim=2))
+
+
+def test_the_layers_share_blocks_by_shape() -> None:
+    cache = ArenaCache(layers=4)
+    _fill_arena(cache, 6)
+    assert len(cache.blocks) == 3  # (2 heads), (3 heads), and the wider values' own block
+    assert sum(block.used for block in cache.blocks.values()) == 5  # the last layer takes a key and a value slot
