@@ -64,6 +64,15 @@ class KVBlock:
             kv[..., dst : dst + len(src), :] = kv[..., torch.tensor(src, dtype=torch.long, device=kv.device), :]
 
 
+def rows_in_place(committed: int, rows: list[int]) -> int:
+    """How many of the kept ``rows`` (increasing) already sit right after the committed prefix: they need no
+    copy (the root always does, often its first children too)."""
+    lead = 0
+    while lead < len(rows) and rows[lead] == committed + lead:
+        lead += 1
+    return lead
+
+
 def _runs(dst: int, src: list[int], most: int = 3) -> list[tuple[int, int, int]] | None:
     """The move as at most ``most`` slice copies (dst, src, n) whose two sides never overlap; else None.
 
@@ -194,9 +203,7 @@ class ArenaCache(Cache):
 
     def keep(self, committed: int, rows: list[int]) -> None:
         """Keep positions [0, committed) plus ``rows`` (absolute, increasing), moved down to follow them."""
-        lead = 0  # rows already in place (the root always is, often its first children too)
-        while lead < len(rows) and rows[lead] == committed + lead:
-            lead += 1
+        lead = rows_in_place(committed, rows)
         if lead < len(rows):
             for block in self.blocks.values():
                 block.move(committed + lead, rows[lead:])

@@ -12,7 +12,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import DynamicLayer
 
-from .arena import ArenaCache
+from .arena import ArenaCache, rows_in_place
 from .capability import AttentionLayout
 from .errors import TreewiseError
 
@@ -29,10 +29,7 @@ def keep_rows(cache: DynamicCache | ArenaCache, committed: int, rows: torch.Tens
         cache.keep(committed, wanted)
         return
     new_len = committed + len(wanted)
-    # Rows already where they belong need no copy: the root always is, and often its first children.
-    lead = 0
-    while lead < len(wanted) and wanted[lead] == committed + lead:
-        lead += 1
+    lead = rows_in_place(committed, wanted)
     move = wanted[lead:]
     crop = cache.get_seq_length() != new_len  # a plain step keeps exactly what it fed: nothing to do
     # One consecutive run of source rows that does not overlap its destination (one accepted node past the

@@ -44,7 +44,6 @@ class _Request:
     prev_accepted: int = -1
     finish: FinishReason | None = None
     _buffer: torch.Tensor | None = None  # [capacity] tokens; ``seq`` is a prefix view of it once extended
-    _buffer_np: np.ndarray | None = None  # the same memory, for appends without a torch op (CPU only)
 
     @property
     def running_accept_rate(self) -> float:
@@ -55,14 +54,11 @@ class _Request:
         n, k = self.seq.numel(), len(tokens)
         if self._buffer is None or n + k > self._buffer.numel():
             capacity = max(self.prompt_len + self.max_new_tokens + 1, 2 * (n + k))
-            if self.seq.device.type == "cpu":
-                self._buffer_np = np.zeros(capacity, dtype=np.int64)
-                self._buffer = torch.from_numpy(self._buffer_np)
-            else:
-                self._buffer = torch.zeros(capacity, dtype=torch.long, device=self.seq.device)
+            self._buffer = torch.zeros(capacity, dtype=torch.long, device=self.seq.device)
             self._buffer[:n] = self.seq
-        if self._buffer_np is not None:
-            self._buffer_np[n : n + k] = tokens  # writes past ``seq``: views handed out earlier stay valid
+        # Writes past ``seq``: views handed out earlier stay valid.
+        if self._buffer.device.type == "cpu":
+            self._buffer.numpy()[n : n + k] = tokens  # a numpy slice write: no torch op
         else:
             self._buffer[n : n + k] = torch.tensor(tokens, dtype=torch.long, device=self._buffer.device)
         self.seq = self._buffer[: n + k]
