@@ -25,6 +25,7 @@ import numpy as np
 
 from decoder import Frontier
 from predictor.derived import RequestFeatures
+from predictor.online import OnlineCalibrator, newton
 
 from .budgets import DomainBudget
 from .features import SPECIAL, STEP_SCALARS, FeatureRows, raw_step_scalars
@@ -32,7 +33,12 @@ from .features import SPECIAL, STEP_SCALARS, FeatureRows, raw_step_scalars
 # The per-level sources the kernel writes, in the order of ``FusedLevel.cols`` (-1: the model does not read it).
 SOURCES = ("sibling_rank", "draft_logprob", "draft_entropy", "draft_margin", "path_logprob", "parent_draft_prob",
            "token_id", "token_type", "parent_margin", "parent_entropy", "depth", "position")
-# rules[]: the request's budget, one float64 array (one argument, not six).
+# The request's constants travel as two arrays (each array argument costs ~0.6 us to unbox right after a
+# forward, ~15 us for the two dozen arrays of one array per constant). ints[]: the forest's address, the
+# step map's row count, the cols table, the step map; floats[]: the counts of what follows, the budget's rules
+# (the _THRESHOLD... indices), the token types' codes, the isotonic map, and the target and draft ms by node count.
+_I_FOREST, _I_STEP, _I_COLS = range(3)
+_F_TYPES, _F_ISO, _F_TARGET, _F_DRAFT, _F_RULES = range(5)
 _THRESHOLD, _COST_SCALE, _NODE_BUDGET, _MAX_WIDTH, _MAX_DEPTH, _TIMED = range(6)
 # state[]: the step's running state (read and written by the kernel; BEST written only), this level's depth
 # and estimate, the step's first position and the request's correction (on, e^-offset, slope).
@@ -68,10 +74,69 @@ def kernel() -> Any | None:
         return sig, codegen
 
     jit = numba.njit(cache=True, nogil=True)  # the parts are native calls from the level, inlined by LLVM
-    return jit(_level_source(call_forest, jit(_fill), jit(_calibrate), jit(_keep), jit(_expand)))
+    return jit(_level_source(call_forest, jit(_unpack), jit(_fill), jit(_calibrate), jit(_keep), jit(_expand)))
 
 
 A = np.ndarray  # every array argument of the kernel's parts (numba types them from the call)
+
+
+@functools.cache
+def observer() -> Any | None:
+    """The compiled step update of the request's correction (``FusedLevel.observe``), or None without numba."""
+    try:
+        import numba
+    except ImportError:
+        return None
+    jit = numba.njit(cache=True, nogil=True)
+    tried, update = jit(tried_rows), jit(newton)
+
+    def observe(raw: A, keep: A, parent: A, count: int, verified: int, path: A, cal: A) -> int:
+        """The step's tried rows into ``newton`` from the posterior in ``cal[:5]`` (iterations, slope floor in
+        ``cal[5:7]``), written back to ``cal[:5]``; returns the rows taken in (-1: a cut, nothing learned)."""
+        p, y = np.empty(count), np.empty(count)
+        n = tried(raw, keep, parent, count, verified, path, p, y)
+        if n > 0:
+            cal[0], cal[1], cal[2], cal[3], cal[4] = update(p[:n], y[:n], np.ones(n), cal[0], cal[1], cal[2], cal[3],
+                                                            cal[4], int(cal[5]), cal[6])
+        return n
+
+    return jit(observe)
+
+
+def tried_rows(raw: A, keep: A, parent: A, count: int, verified: int, path: A, p: A, y: A) -> int:
+    """A step's tried nodes (kept, their parent accepted) among its first ``count`` candidates, in candidate
+    order: the global prediction to ``p``, 1.0 / 0.0 (on the accepted ``path`` of tree indices or not) to ``y``.
+    Returns how many, or -1 when the kept candidates are not the ``verified`` tree (the decoder cut it).
+
+    Scalar loops only: numba compiles it for ``observer``, and ``learned.tried_nodes`` runs it as it is."""
+    tree = np.full(count, -1, dtype=np.int64)  # candidate index -> tree index (kept ones 1, 2, ... in order)
+    kept = n = 0
+    for c in range(count):
+        if not keep[c]:
+            continue
+        kept += 1
+        tree[c] = kept
+        up = 0 if parent[c] < 0 else tree[parent[c]]  # the root (0) is accepted; an unkept parent is -1
+        parent_on = up == 0
+        on = False
+        for t in path:
+            parent_on = parent_on or t == up
+            on = on or t == kept
+        if parent_on:
+            p[n], y[n] = raw[c], 1.0 if on else 0.0
+            n += 1
+    return n if kept == verified else -1
+
+
+def _unpack(ints: A, floats: A) -> tuple[A, A, A, A, A, A, A, A]:
+    """Views of the packed constants: cols, type codes, step map, rules, isotonic x and y, target and draft ms."""
+    t = _I_COLS + len(SOURCES)
+    n, k, nt, nd = int(floats[_F_TYPES]), int(floats[_F_ISO]), int(floats[_F_TARGET]), int(floats[_F_DRAFT])
+    r = _F_RULES + 6
+    i = r + n
+    return (ints[_I_COLS:t], floats[r:i], ints[t:].reshape(int(ints[_I_STEP]), 3), floats[_F_RULES:r],
+            floats[i:i + k], floats[i + k:i + 2 * k], floats[i + 2 * k:i + 2 * k + nt],
+            floats[i + 2 * k + nt:i + 2 * k + nt + nd])
 
 
 def _fill(x: A, m: int, cols: A, step_map: A, tokens: A, rank: A, logprob: A, entropy: A, margin: A, path_lp: A,
@@ -130,7 +195,13 @@ def _keep(value: A, at: int, m: int, keep: A, children: A, rules: A, target: A, 
     """``LearnedTree._keep``: best value first while it clears the threshold, the node budget and its verify
     cost; updates the step's gain and node count in ``state``, returns the kept count."""
     v = value[at:at + m]
-    order = np.argsort(-v, kind="mergesort")  # stable: ties by index, as Python's sorted
+    order = np.empty(m, dtype=np.int64)  # best first, ties by index (as Python's stable sorted): insertion
+    for i in range(m):  # sort, a dozen values a level (no temporaries, unlike a mergesort argsort)
+        j = i
+        while j > 0 and v[order[j - 1]] < v[i]:
+            order[j] = order[j - 1]
+            j -= 1
+        order[j] = i
     keep[at:at + m] = False
     children[at:at + m] = 0
     gain, nodes, draft_ms = state[GAIN], state[NODES], state[DRAFT_MS]
@@ -174,21 +245,22 @@ def _expand(value: A, at: int, m: int, keep: A, children: A, rules: A, target: A
             children[at + i] = int(rules[_MAX_WIDTH])
 
 
-def _level_source(call_forest: Any, fill: Any, calibrate: Any, keep: Any, expand: Any) -> Any:
+def _level_source(call_forest: Any, unpack: Any, fill: Any, calibrate: Any, keep: Any, expand: Any) -> Any:
     """The level as a Python function over numpy arrays, calling its compiled parts (numba compiles it)."""
 
-    def level(x: A, m: int, cols: A, step_map: A, tokens: A, rank: A, logprob: A, entropy: A,
-              margin: A, path_lp: A, parent_prob: A, parent: A, parent_rows: A, push_at: int, type_table: A,
-              type_codes: A, forest: int, iso_x: A, iso_y: A, value: A, at: int, kept: A, children: A, raw: A,
-              rules: A, target: A, draft: A, state: A) -> int:
+    def level(x: A, m: int, ints: A, floats: A, tokens: A, rank: A, logprob: A, entropy: A, margin: A, path_lp: A,
+              parent_prob: A, parent: A, parent_rows: A, push_at: int, type_table: A, value: A, at: int, kept: A,
+              children: A, raw: A, parents: A, state: A) -> int:
+        cols, type_codes, step_map, rules, iso_x, iso_y, target, draft = unpack(ints, floats)
         fill(x, m, cols, step_map, tokens, rank, logprob, entropy, margin, path_lp, parent_prob, parent,
              parent_rows, push_at, type_table, type_codes, state)
-        call_forest(forest, x.ctypes.data, raw[at:].ctypes.data, np.int32(m))
+        call_forest(ints[_I_FOREST], x.ctypes.data, raw[at:].ctypes.data, np.int32(m))
         calibrate(raw, at, m, iso_x, iso_y, parent, value, state)
         n = keep(value, at, m, kept, children, rules, target, state)
         if n > 0:
             expand(value, at, m, kept, children, rules, target, draft, state)
         for i in range(m):  # the step's values by candidate index hold 0 where pruned
+            parents[at + i] = parent[i]
             if not kept[at + i]:
                 value[at + i] = 0.0
         return n
@@ -204,26 +276,18 @@ class FusedLevel:
     ``LearnedTree``'s path values, so each level's answer is a view that later levels do not overwrite."""
 
     rows: FeatureRows
-    forest: int  # the entry point's address
-    iso_x: np.ndarray  # [k] float64 (k = 0: no isotonic map)
-    iso_y: np.ndarray
-    target: np.ndarray  # [n] float64 target ms by verified nodes (empty: no cost rule)
-    draft: np.ndarray  # [n] float64 draft ms by fed nodes
-    rules: np.ndarray  # [6] float64, see the _THRESHOLD... indices
-    cols: np.ndarray = field(init=False)  # [12] int64 matrix column of each SOURCES entry, -1 if unread
-    step_map: np.ndarray = field(init=False)  # [S, 3] int64 per shared scalar read: column, raw index, float32
-    type_table: np.ndarray = field(init=False)  # a frontier without a token-type table reads "special"
-    type_codes: np.ndarray = field(init=False)
+    ints: np.ndarray  # int64: the forest's address and the column tables, see _I_FOREST...
+    floats: np.ndarray  # float64: the rules, the isotonic map and the latency profile, see _F_ISO...
+    level: Any  # the compiled kernel (``kernel()``)
+    observer: Any  # the compiled correction update (``observer()``)
+    type_table: np.ndarray = field(default_factory=lambda: np.full(1, SPECIAL, dtype=np.int8))  # a frontier
+    # without a token-type table reads "special"
     state: np.ndarray = field(default_factory=lambda: np.zeros(_STATE))  # see GAIN... RAW0
     keep: np.ndarray = field(default_factory=lambda: np.zeros(64, dtype=np.bool_))
     children: np.ndarray = field(default_factory=lambda: np.zeros(64, dtype=np.int64))
     raw: np.ndarray = field(default_factory=lambda: np.zeros(64))
-
-    def __post_init__(self) -> None:
-        self.cols = np.asarray(self.rows.source_columns(SOURCES), dtype=np.int64)
-        self.step_map = np.asarray(self.rows.step_map(), dtype=np.int64).reshape(-1, 3)
-        self.type_codes = self.rows.type_codes()
-        self.type_table = np.full(1, SPECIAL, dtype=np.int8)
+    parent: np.ndarray = field(default_factory=lambda: np.zeros(64, dtype=np.int64))
+    cal: np.ndarray = field(default_factory=lambda: np.zeros(7))  # observe's posterior and settings
 
     @classmethod
     def build(cls, rows: FeatureRows, predictor: object, target: list[float], draft: list[float],
@@ -232,14 +296,18 @@ class FusedLevel:
         forest = getattr(predictor, "forest", None)
         address = getattr(forest, "entry_address", None)
         calibrator = getattr(predictor, "calibrator", None)
-        if address is None or kernel() is None or (calibrator is not None and not hasattr(calibrator, "x")):
+        level, update = kernel(), observer()
+        missing = level is None or update is None or (calibrator is not None and not hasattr(calibrator, "x"))
+        if address is None or missing:
             return None
-        iso = (np.zeros(0), np.zeros(0)) if calibrator is None else (
-            np.ascontiguousarray(calibrator.x, dtype=np.float64), np.ascontiguousarray(calibrator.y, dtype=np.float64))
-        rules = np.array([budget.threshold, budget.cost_scale, budget.node_budget, budget.max_width, budget.max_depth,
-                          1.0 if target else 0.0])
-        return cls(rows, address, iso[0], iso[1], np.asarray(target, dtype=np.float64),
-                   np.asarray(draft, dtype=np.float64), rules)
+        iso_x, iso_y = ([], []) if calibrator is None else (calibrator.x, calibrator.y)
+        codes, step_map = rows.type_codes(), np.asarray(rows.step_map(), dtype=np.int64).reshape(-1, 3)
+        ints = np.concatenate([[address, len(step_map)], rows.source_columns(SOURCES), step_map.ravel()])
+        rules = [budget.threshold, budget.cost_scale, budget.node_budget, budget.max_width, budget.max_depth,
+                 1.0 if target else 0.0]
+        floats = np.concatenate([[len(codes), len(iso_x), len(target), len(draft)], rules, codes, iso_x, iso_y,
+                                 target, draft])
+        return cls(rows, ints.astype(np.int64), floats.astype(np.float64), level, update)
 
     def step(self, root: Frontier, context: RequestFeatures, gain: float, nodes: int, draft_ms: float,
              correction: tuple[bool, float, float] | None) -> None:
@@ -257,15 +325,30 @@ class FusedLevel:
         m = len(cols["parent"])
         end = at + m
         if end > self.keep.shape[0]:  # new buffers: earlier levels' views keep the old ones
-            self.keep, self.children, self.raw = (np.zeros(2 * end, dtype=np.bool_),
-                                                  np.zeros(2 * end, dtype=np.int64), np.zeros(2 * end))
-        x = self.rows.reserve(m)
+            self._grow(at, 2 * end)
         parent_rows, push_at = context.claim(m)  # this level as the next level's parents
         table = frontier.token_type_table
-        self.state[EST], self.state[DEPTH] = est, frontier.depth
-        return kernel()(x, m, self.cols, self.step_map, cols["tokens"], cols["sibling_rank"],
-                        cols["draft_logprob"], cols["draft_entropy"], cols["draft_margin"], cols["path_logprob"],
-                        cols["parent_draft_prob"], cols["parent"], parent_rows, push_at,
-                        self.type_table if table is None else table, self.type_codes, self.forest, self.iso_x,
-                        self.iso_y, value, at, self.keep, self.children, self.raw, self.rules, self.target,
-                        self.draft, self.state)
+        state = self.state
+        state[EST], state[DEPTH] = est, frontier.depth
+        return self.level(self.rows.reserve(m), m, self.ints, self.floats, cols["tokens"], cols["sibling_rank"],
+                          cols["draft_logprob"], cols["draft_entropy"], cols["draft_margin"], cols["path_logprob"],
+                          cols["parent_draft_prob"], cols["parent"], parent_rows, push_at,
+                          self.type_table if table is None else table, value, at, self.keep, self.children,
+                          self.raw, self.parent, state)
+
+    def _grow(self, count: int, size: int) -> None:
+        """New step buffers of ``size`` with the first ``count`` entries (observe reads the whole step)."""
+        keep, children, raw, parent = (np.zeros(size, dtype=np.bool_), np.zeros(size, dtype=np.int64),
+                                       np.zeros(size), np.zeros(size, dtype=np.int64))
+        keep[:count], raw[:count], parent[:count] = self.keep[:count], self.raw[:count], self.parent[:count]
+        self.keep, self.children, self.raw, self.parent = keep, children, raw, parent
+
+    def observe(self, count: int, verified: int, path: tuple[int, ...], calibrator: OnlineCalibrator) -> None:
+        """Update ``calibrator`` with the step's first ``count`` candidates as ``LearnedTree`` labels them (tried
+        nodes by the accepted ``path``), in one native call; nothing when the decoder cut the tree."""
+        cal = self.cal
+        config = calibrator.config
+        cal[:] = (*calibrator.posterior, config.iterations, config.slope_floor)
+        n = self.observer(self.raw, self.keep, self.parent, count, verified, np.asarray(path, dtype=np.int64), cal)
+        if n > 0:
+            calibrator.absorb(cal[:5].tolist(), n)

@@ -40,7 +40,7 @@ from predictor.online import OnlineCalibrator, OnlineConfig
 
 from .budgets import BudgetsFile, DomainBudget, load_budgets
 from .features import FeatureRows
-from .fused import BEST, FusedLevel
+from .fused import BEST, FusedLevel, tried_rows
 from .guard import PayoffGuard
 from .latency import LatencyProfile
 
@@ -94,24 +94,14 @@ class TriedNodes:
 def tried_nodes(levels: list[tuple[np.ndarray, np.ndarray, np.ndarray]], outcome: StepOutcome) -> TriedNodes | None:
     """The step's tried nodes from ``outcome.path``. ``levels``: per drafted level, the candidates' raw
     predictions, parents (candidate index in the step, -1 for the root) and keep mask. None when the
-    decoder verified another tree than the one kept (a cut): nothing to learn from it.
-
-    Plain Python: a step has a dozen or two candidates, where each numpy call would cost more than the loop.
-    """
-    accepted = {0, *outcome.path}  # tree indices; the root is accepted
-    tree_of: dict[int, int] = {}  # candidate index -> tree index (kept candidates in candidate order: 1, 2, ...)
-    raw: list[float] = []
-    label: list[float] = []
-    cand = 0
-    for values, parents, keep in levels:
-        for value, parent, kept in zip(values.tolist(), parents.tolist(), keep.tolist(), strict=True):
-            if kept:
-                tree_of[cand] = len(tree_of) + 1
-                if (tree_of.get(parent, -1) if parent >= 0 else 0) in accepted:
-                    raw.append(value)
-                    label.append(1.0 if tree_of[cand] in accepted else 0.0)
-            cand += 1
-    return TriedNodes(raw, label) if len(tree_of) == outcome.verified else None
+    decoder verified another tree than the one kept (a cut): nothing to learn from it."""
+    # Plain lists: a step has a dozen or two candidates, where indexing numpy arrays one by one costs more.
+    raw = [v for lv in levels for v in lv[0].tolist()]
+    parent = [v for lv in levels for v in lv[1].tolist()]
+    keep = [v for lv in levels for v in lv[2].tolist()]
+    p, y = [0.0] * len(raw), [0.0] * len(raw)
+    n = tried_rows(raw, keep, parent, len(raw), outcome.verified, outcome.path, p, y)  # type: ignore[arg-type]
+    return TriedNodes(p[:n], y[:n]) if n >= 0 else None
 
 
 @dataclass
@@ -130,6 +120,8 @@ class LearnedTree:
     _count: int = field(default=0, init=False, repr=False)  # candidates of this step valued so far
     _gain: float = field(default=1.0, init=False, repr=False)  # expected tokens of this step's tree
     _draft_ms: float = field(default=0.0, init=False, repr=False)
+    _root_draft_ms: float = field(default=0.0, init=False, repr=False)  # the root's draft forward, per request
+    _root_cost: float = field(default=0.0, init=False, repr=False)  # the root's drafting cost in tokens, per request
     _nodes: int = field(default=0, init=False, repr=False)
     _root_value: float | None = field(default=None, init=False, repr=False)  # running mean of the best child value
     _context: RequestFeatures = field(default_factory=RequestFeatures, init=False, repr=False)
@@ -199,6 +191,12 @@ class LearnedTree:
         self._draft = [lat.draft_time(n) for n in sizes] if lat is not None else []
         # The root's two answers, built once: a plain step, or max_width children (read-only: shared by steps).
         self._roots = (_frozen_plan(LevelPlan.uniform(1, 0)), _frozen_plan(LevelPlan.uniform(1, self.budget.max_width)))
+        # The root's rule reads only request constants: the cost of one draft forward and one verified node
+        # at a fresh step (gain 1, no nodes), in expected tokens.
+        self._gain, self._nodes = 1.0, 0
+        self._draft_ms = self._root_draft_ms = self._draft_time(1) if lat is not None else 0.0
+        verify_ms = self._target_ms(2) - self._target_ms(1) if lat is not None else 0.0
+        self._root_cost = self._cost(self._draft_ms + verify_ms)
         self._fused = (FusedLevel.build(self._rows, self.predictor, self._target, self._draft, self.budget)
                        if self.fused and self._rows is not None else None)
         self._context.start()
@@ -231,6 +229,9 @@ class LearnedTree:
 
     def _update_correction(self, outcome: StepOutcome) -> None:
         """Update the request's correction with the step's tried nodes, labelled by the accepted path."""
+        if self._fused is not None:
+            self._fused.observe(self._count, outcome.verified, outcome.path, self._calibrator)
+            return
         tried = tried_nodes([(lv.raw, lv.parent, lv.keep) for lv in self._step], outcome)
         if tried is not None:
             self._calibrator.update(tried.raw, tried.accepted)
@@ -251,18 +252,14 @@ class LearnedTree:
         return self._draft[n] if n < len(self._draft) else self.latency.draft_time(n)  # type: ignore[union-attr]
 
     def _plan_root(self, frontier: Frontier) -> LevelPlan:
-        self._count, self._gain, self._nodes = 0, 1.0, 0
+        self._count, self._gain, self._nodes, self._draft_ms = 0, 1.0, 0, self._root_draft_ms
         self._step = []
         self._context.begin_step()
-        self._draft_ms = self._draft_time(1) if self.latency is not None else 0.0
         # The predictor's own recent view of the best root child; before any, the request's running acceptance.
         rate = frontier.running_accept_rate
         est = self._root_value if self._root_value is not None else PRIOR_ACCEPTANCE if rate != rate else rate
-        probe = frontier.step % self.probe_every == 0
-        verify_ms = self._target_ms(2) - self._target_ms(1) if self.latency is not None else 0.0
-        worth = est >= self._cost(self._draft_ms + verify_ms)
-        allowed = self.guard.allow() if self.guard is not None else True
-        draft = (worth or probe) and allowed
+        allowed = self.guard.allow() if self.guard is not None else True  # always: it times the steps
+        draft = (est >= self._root_cost or frontier.step % self.probe_every == 0) and allowed
         if draft and self._fused is not None:  # the kernel keeps the step's running state from here
             cal = self._calibrator
             self._fused.step(frontier, self._context, self._gain, self._nodes, self._draft_ms,
@@ -271,11 +268,12 @@ class LearnedTree:
 
     def _plan_fused(self, fused: FusedLevel, frontier: Frontier) -> LevelPlan:
         """``plan`` for one level in one native call: the same values, keep and children as the Python path."""
-        cols = frontier.arrays()
+        cols = frontier.columns
         parents = cols["parent"]
         at = self._count
         end = self._count = at + len(parents)
-        self._values_room(at, end)
+        if end > len(self._value):
+            self._values_room(at, end)
         fused.run(frontier, cols, self._context, self._value, at, _child_estimate(frontier))
         keep = fused.keep[at:end]
         self._step.append(_Level(fused.raw[at:end], parents, keep))

@@ -116,6 +116,17 @@ def _entropy(probs: torch.Tensor) -> np.ndarray:
     return -t.sum(-1, dtype=np.float32)
 
 
+def _frozen(a: np.ndarray) -> np.ndarray:
+    a.flags.writeable = False
+    return a
+
+
+# The root's own columns but its token: the same every step, read-only (shared by every step and policy).
+_ROOT = {"parent": _frozen(np.full(1, -1)), "sibling_rank": _frozen(np.zeros(1, np.int64)),
+         "draft_logprob": _frozen(np.zeros(1, np.float32)), "draft_entropy": _frozen(np.zeros(1, np.float32)),
+         "draft_margin": _frozen(np.ones(1, np.float32)), "path_logprob": _frozen(np.zeros(1, np.float32)),
+         "parent_draft_prob": _frozen(np.ones(1, np.float32))}
+
 # What a drafter yields: the next forward it needs; what it is sent back: that forward's logits.
 DraftFeeds = Generator[Feed, torch.Tensor, "DraftResult"]
 
@@ -138,6 +149,11 @@ class Drafter:
         self.n_fed = self.n_kept = self.offset = 0
         self.policy_s = 0.0
         self.forwards = 0
+        c = ctx  # what every level's frontier shares
+        self.fields = {"step": c.step, "position": c.position, "prompt_len": c.prompt_len, "domain": c.domain,
+                       "temperature": sampling.temperature, "max_depth": c.max_depth,
+                       "running_accept_rate": c.running_accept_rate, "prev_accepted": c.prev_accepted,
+                       "token_type_table": c.token_types}
 
     def feeds(self) -> DraftFeeds:
         exp = (yield from self._root()) if self.ctx.max_depth >= 1 else None
@@ -160,19 +176,11 @@ class Drafter:
         return plan
 
     def _frontier(self, depth: int, level: dict[str, np.ndarray]) -> Frontier:
-        c = self.ctx
-        return Frontier(
-            depth=depth, step=c.step, position=c.position, prompt_len=c.prompt_len, domain=c.domain,
-            temperature=self.sampling.temperature, tree_size=self.n_kept, max_depth=c.max_depth, columns=level,
-            running_accept_rate=c.running_accept_rate, prev_accepted=c.prev_accepted, token_type_table=c.token_types,
-        )
+        return Frontier.from_fields(self.fields, depth, self.n_kept, level)
 
     def _root(self) -> Generator[Feed, torch.Tensor, _Expanded | None]:
         """Ask the policy first; only if it wants children, run forward 0 over the uncached committed tokens."""
-        zero, one = np.zeros(1, dtype=np.float32), np.ones(1, dtype=np.float32)
-        root = {"tokens": self.seq[-1:].cpu().numpy(), "parent": np.full(1, -1), "sibling_rank": np.zeros(1, np.int64),
-                "draft_logprob": zero, "draft_entropy": zero, "draft_margin": one, "path_logprob": zero,
-                "parent_draft_prob": one}
+        root = {"tokens": self.seq[-1:].cpu().numpy(), **_ROOT}
         counts = np.maximum(self._plan(self._frontier(0, root)).children[:1], 0).astype(np.int64)
         if int(counts[0]) == 0:
             return None  # plain step: the draft cache catches up on a later step
@@ -181,7 +189,7 @@ class Drafter:
         pos = torch.arange(self.cached, self.seq.numel(), device=self.device)
         probs = self._probs((yield Feed(self.seq[self.cached:], pos, chain, commit=c, keep=1, causal=True)))  # [1, V]
         self.cand_probs[-1] = probs[0]
-        minus = np.full(1, -1)
+        minus, zero, one = _ROOT["parent"], _ROOT["path_logprob"], _ROOT["parent_draft_prob"]
         return _Expanded(probs, counts, int(counts[0]), True, minus, minus, zero, one)
 
     def _level(self, exp: _Expanded, depth: int) -> Generator[Feed, torch.Tensor, _Expanded | None]:

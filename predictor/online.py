@@ -116,28 +116,51 @@ class OnlineCalibrator:
         taken as they are (a step's handful of rows costs less in floats than in vector operations)."""
         if len(p) == 0:
             return
-        lo, hi = _CLIP, 1 - _CLIP
-        z = [math.log(q / (1.0 - q)) for q in (min(max(float(v), lo), hi) for v in _floats(p))]
         y = _floats(labels)
-        w = [1.0] * len(z) if weights is None else _floats(weights)
-        self._rows += len(z)
-        m0, m1 = self.offset, self.slope  # the prior of this update: the posterior so far
-        floor = self.config.slope_floor
-        p00, p01, p11 = self._precision
-        a, b = m0, m1
-        for _ in range(self.config.iterations):
-            g0, g1 = p00 * (a - m0) + p01 * (b - m1), p01 * (a - m0) + p11 * (b - m1)
-            h00, h01, h11 = p00, p01, p11
-            for zi, yi, wi in zip(z, y, w, strict=True):
-                t = a + b * zi
-                qi = 1.0 / (1.0 + math.exp(-t)) if t > -50.0 else 0.0
-                r, h = wi * (qi - yi), wi * qi * (1.0 - qi)
-                g0, g1 = g0 + r, g1 + r * zi
-                h00, h01, h11 = h00 + h, h01 + h * zi, h11 + h * zi * zi
-            det = h00 * h11 - h01 * h01
-            a -= (h11 * g0 - h01 * g1) / det
-            b = min(max(b - (h00 * g1 - h01 * g0) / det, floor), SLOPE_RANGE[1])
-        self.offset, self.slope, self._precision = float(a), float(b), (h00, h01, h11)
+        w = [1.0] * len(y) if weights is None else _floats(weights)
+        if not len(p) == len(y) == len(w):
+            raise ValueError(f"update: {len(p)} predictions, {len(y)} labels and {len(w)} weights; "
+                             "give one of each per row")
+        self.absorb(newton(_floats(p), y, w, self.offset, self.slope, *self._precision, self.config.iterations,
+                           self.config.slope_floor), len(y))
+
+    @property
+    def posterior(self) -> tuple[float, float, float, float, float]:
+        """The correction's posterior: mean (offset, slope) and precision (aa, ab, bb), as ``newton`` takes it."""
+        return (self.offset, self.slope, *self._precision)
+
+    def absorb(self, posterior: tuple[float, float, float, float, float], rows: int) -> None:
+        """Take the posterior ``newton`` computed over ``rows`` new rows (offset, slope, precision)."""
+        a, b, h00, h01, h11 = posterior
+        self.offset, self.slope, self._precision = float(a), float(b), (float(h00), float(h01), float(h11))
+        self._rows += rows
+
+
+def newton(p: Sequence[float], y: Sequence[float], w: Sequence[float], m0: float, m1: float, p00: float,
+           p01: float, p11: float, iterations: int, floor: float) -> tuple[float, float, float, float, float]:
+    """One filtering update: ``iterations`` Newton steps from the prior mean (m0, m1) with precision (p00, p01,
+    p11) on rows of global predictions ``p``, labels ``y`` and weights ``w``; the posterior mean and precision.
+
+    Scalar loops only, so one source serves plain floats (``OnlineCalibrator.update``) and numba over arrays
+    (``controller.fused``, a step's update in one native call)."""
+    lo, hi = _CLIP, 1 - _CLIP
+    a, b = m0, m1
+    h00, h01, h11 = p00, p01, p11
+    for _ in range(iterations):
+        g0, g1 = p00 * (a - m0) + p01 * (b - m1), p01 * (a - m0) + p11 * (b - m1)
+        h00, h01, h11 = p00, p01, p11
+        for i in range(len(p)):
+            q = min(max(p[i], lo), hi)
+            zi, wi = math.log(q / (1.0 - q)), w[i]
+            t = a + b * zi
+            qi = 1.0 / (1.0 + math.exp(-t)) if t > -50.0 else 0.0
+            r, h = wi * (qi - y[i]), wi * qi * (1.0 - qi)
+            g0, g1 = g0 + r, g1 + r * zi
+            h00, h01, h11 = h00 + h, h01 + h * zi, h11 + h * zi * zi
+        det = h00 * h11 - h01 * h01
+        a -= (h11 * g0 - h01 * g1) / det
+        b = min(max(b - (h00 * g1 - h01 * g0) / det, floor), SLOPE_RANGE[1])
+    return a, b, h00, h01, h11
 
 
 def _floats(values: Sequence[float] | np.ndarray) -> list[float]:
