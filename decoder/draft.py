@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Generator
+from collections.abc import Generator, Iterator, Mapping
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -23,12 +23,44 @@ from .verify import DraftMode, Sampling
 class DraftResult:
     tree: DraftTree
     candidates: Candidates
-    draft_probs: dict[int, torch.Tensor]  # tree index -> draft distribution at that node (expanded only)
+    draft_probs: Mapping[int, torch.Tensor]  # tree index -> draft distribution at that node (expanded only)
     fed_slot: torch.Tensor  # [n] draft-cache slot (after the committed prefix) of each tree node, -1 if unfed
     forward_s: float  # time in draft forwards, their masks included
     policy_s: float  # time in the policy's plan calls
     forwards: int
     model_s: float = 0.0  # the part of forward_s inside the stock model calls
+
+
+class DraftProbs(Mapping[int, torch.Tensor]):
+    """Tree index -> the draft distribution [V] at that node (expanded nodes only), built on first read: only
+    the sampled acceptance rule reads it, and a tensor view per expanded node costs a few us after a forward.
+
+    ``parts``: per draft forward, the candidate index of each row (-1 for the root) and its probabilities
+    [e, V]; ``tree_index``: each candidate's tree index, -1 if it left the tree (None: the root alone)."""
+
+    def __init__(self, parts: list[tuple[np.ndarray, torch.Tensor]], tree_index: np.ndarray | None) -> None:
+        self._parts, self._index = parts, tree_index
+        self._map: dict[int, torch.Tensor] | None = None
+
+    def _built(self) -> dict[int, torch.Tensor]:
+        if self._map is None:
+            self._map = {}
+            index = self._index.tolist() if self._index is not None else []
+            for cands, probs in self._parts:
+                for row, c in enumerate(cands.tolist()):
+                    node = 0 if c < 0 else index[c] if index else -1
+                    if node >= 0:
+                        self._map[node] = probs[row]
+        return self._map
+
+    def __getitem__(self, node: int) -> torch.Tensor:
+        return self._built()[node]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._built())
+
+    def __len__(self) -> int:
+        return len(self._built())
 
 
 @dataclass(frozen=True)
@@ -107,6 +139,13 @@ def _grid(e: int, k: int) -> tuple[np.ndarray, np.ndarray]:
     return rows, rank
 
 
+@functools.lru_cache(maxsize=16)
+def _chain(c: int) -> torch.Tensor:
+    """[c, c] bool causal chain, shared (its readers only read it): a full-attention draft never even looks at
+    it (the model builds a causal mask itself), and two torch ops per step cost ~10 us after a forward."""
+    return torch.ones(c, c, dtype=torch.bool).tril()
+
+
 def _entropy(probs: torch.Tensor) -> np.ndarray:
     """[e] float32 entropy of each row (numpy: about 3x faster than torch's reduction at this size)."""
     p = probs.numpy()
@@ -143,8 +182,9 @@ class Drafter:
         self.seq, self.cached, self.policy, self.ctx = seq, cached, policy, ctx
         self.sampling, self.mode, self.vocab, self.gen = sampling, mode, vocab, gen
         self.device = seq.device
+        self.on_cpu = self.device.type == "cpu"  # skip no-op moves: each is a dispatch after a forward
         self.levels: list[dict[str, np.ndarray]] = []
-        self.cand_probs: dict[int, torch.Tensor] = {}  # candidate index (-1 = root) -> draft distribution
+        self.prob_parts: list[tuple[np.ndarray, torch.Tensor]] = []  # per forward: candidates, [e, V] probs
         self.fed_anc = np.zeros((32, 32), dtype=bool)  # [cap, cap] ancestry among fed slots, the first n_fed used
         self.n_fed = self.n_kept = self.offset = 0
         self.policy_s = 0.0
@@ -165,7 +205,8 @@ class Drafter:
 
     def _probs(self, logits: torch.Tensor) -> torch.Tensor:
         self.forwards += 1
-        return self.sampling.probs(_fit_vocab(logits, self.vocab)).cpu()
+        probs = self.sampling.probs(_fit_vocab(logits, self.vocab))
+        return probs if probs.is_cpu else probs.cpu()
 
     def _plan(self, frontier: Frontier) -> LevelPlan:
         t0 = time.perf_counter()
@@ -185,11 +226,11 @@ class Drafter:
         if int(counts[0]) == 0:
             return None  # plain step: the draft cache catches up on a later step
         c = self.seq.numel() - self.cached
-        chain = torch.ones(c, c, dtype=torch.bool).tril()
+        chain = _chain(c)
         pos = torch.arange(self.cached, self.seq.numel(), device=self.device)
         probs = self._probs((yield Feed(self.seq[self.cached:], pos, chain, commit=c, keep=1, causal=True)))  # [1, V]
-        self.cand_probs[-1] = probs[0]
         minus, zero, one = _ROOT["parent"], _ROOT["path_logprob"], _ROOT["parent_draft_prob"]
+        self.prob_parts.append((minus, probs))
         return _Expanded(probs, counts, int(counts[0]), True, minus, minus, zero, one)
 
     def _level(self, exp: _Expanded, depth: int) -> Generator[Feed, torch.Tensor, _Expanded | None]:
@@ -224,11 +265,12 @@ class Drafter:
         anc[np.arange(e), f + np.arange(e)] = True
         self.n_fed = f + e
         pos = torch.full((e,), self.seq.numel() - 1 + depth, device=self.device)
-        tokens = torch.from_numpy(level["tokens"][rows]).to(self.device)
+        tokens = torch.from_numpy(level["tokens"][rows])
+        tokens = tokens if self.on_cpu else tokens.to(self.device)
         probs = self._probs((yield Feed(tokens, pos, torch.from_numpy(anc.copy()))))  # [e, V]
         slots = np.arange(f, f + e)
         level["fed_slot"][rows] = slots
-        self.cand_probs.update(zip((rows + start).tolist(), probs, strict=True))
+        self.prob_parts.append((rows + start, probs))
         prob = torch.from_numpy(level["draft_logprob"][rows]).exp().numpy()  # torch's exp, as node logs have it
         c = counts.tolist()  # a dozen ints: Python's max/min beat two numpy reductions
         kmax = max(c)
@@ -240,8 +282,8 @@ class Drafter:
             root = self.seq[-1:].cpu()
             tree = DraftTree(tokens=root, parents=torch.full((1,), -1), depth=torch.zeros(1, dtype=torch.long),
                              ancestor_mask=torch.ones(1, 1, dtype=torch.bool))
-            return DraftResult(tree, _NO_CANDIDATES, {0: self.cand_probs[-1]} if -1 in self.cand_probs else {},
-                               torch.full((1,), -1), 0.0, self.policy_s, self.forwards)
+            return DraftResult(tree, _NO_CANDIDATES, DraftProbs(self.prob_parts, None), torch.full((1,), -1), 0.0,
+                               self.policy_s, self.forwards)
         cols = _stack(self.levels)
         keep, fed = cols.pop("keep"), cols.pop("fed_slot")
         parent, has_parent = cols["parent"], cols["parent"] >= 0
@@ -261,8 +303,7 @@ class Drafter:
         parent_tree = np.where(has_parent, tree_index[np.maximum(parent, 0)], 0)
         tree = DraftTree.from_parents(torch.from_numpy(np.concatenate([[-1], parent_tree[keep]])),
                                       np.concatenate([self.seq[-1:].cpu().numpy(), cols["tokens"][keep]]))
-        index, kept = tree_index.tolist(), keep.tolist()
-        probs = {0 if c < 0 else index[c]: row for c, row in self.cand_probs.items() if c < 0 or kept[c]}
+        probs = DraftProbs(self.prob_parts, tree_index)
         fed_slot = torch.from_numpy(np.concatenate([[-1], fed[keep]]))
         return DraftResult(tree, cands, probs, fed_slot, 0.0, self.policy_s, self.forwards)
 

@@ -11,7 +11,7 @@ Greedy (temperature 0) accepts the longest path whose every token is the target'
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -68,7 +68,7 @@ class VerifyInput:
     sampling: Sampling
     draft_mode: DraftMode = "topk"
     # Draft distributions at expanded nodes (tree index -> [V]); needed by the ``sampled`` rule only.
-    draft_probs: dict[int, torch.Tensor] = field(default_factory=dict)
+    draft_probs: Mapping[int, torch.Tensor] = field(default_factory=dict)
     generator: torch.Generator | None = None
 
 
