@@ -275,11 +275,9 @@ class LearnedTree:
         if end > len(self._value):
             self._values_room(at, end)
         fused.run(frontier, cols, self._context, self._value, at, _child_estimate(frontier))
-        keep = fused.keep[at:end]
-        self._step.append(_Level(fused.raw[at:end], parents, keep))
-        if frontier.depth == 1:
+        if frontier.depth == 1:  # the step's levels stay in fused's buffers, where its observe reads them
             self._note_best(float(fused.state[BEST]) if end > at else 0.0)
-        return LevelPlan(keep, fused.children[at:end])
+        return LevelPlan.of_arrays(fused.keep[at:end], fused.children[at:end])
 
     def _values_room(self, count: int, end: int) -> None:
         """Room for path values up to candidate ``end`` (the first ``count`` kept as they are)."""

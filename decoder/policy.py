@@ -193,6 +193,14 @@ class LevelPlan:
         object.__setattr__(self, "children", _numpy(self.children))
 
     @classmethod
+    def of_arrays(cls, keep: np.ndarray, children: np.ndarray) -> LevelPlan:
+        """A plan from numpy arrays taken as they are, unchecked: the frozen ``__init__`` and its conversion
+        check cost ~4 us a level right after a draft forward."""
+        plan = object.__new__(cls)
+        plan.__dict__.update(keep=keep, children=children)
+        return plan
+
+    @classmethod
     def uniform(cls, m: int, children: int, keep: np.ndarray | torch.Tensor | None = None) -> LevelPlan:
         if keep is None:
             return cls(keep=np.ones(m, dtype=bool), children=np.full(m, children, dtype=np.int64))

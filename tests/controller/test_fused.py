@@ -51,8 +51,9 @@ class Spy(LearnedTree):
     def plan(self, frontier: Frontier) -> LevelPlan:
         plan = super().plan(frontier)
         if frontier.depth > 0:
-            self.seen.append((plan.keep.copy(), plan.children.copy(), self._step[-1].raw.copy(),
-                              self._value[:self._count].copy()))
+            m, fused = frontier.size, self._fused  # the native level keeps its predictions in its own buffer
+            raw = fused.raw[self._count - m:self._count] if fused is not None else self._step[-1].raw
+            self.seen.append((plan.keep.copy(), plan.children.copy(), raw.copy(), self._value[:self._count].copy()))
         return plan
 
 
