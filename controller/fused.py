@@ -4,8 +4,9 @@ In Python the level costs ~130 us on this CPU (docs/performance.md): a dozen num
 the forest, the isotonic map, the path values and the keep/expand rules, each starting cold after a draft
 forward. Here numba compiles those steps into one function that writes the features into the predictor's
 matrix, calls the lleaves-compiled forest through its address, and applies the same rules as
-``LearnedTree._keep`` and ``_expand``: one dispatch a level. numba caches the machine code on disk
-(``cache=True``), so only a machine's first run compiles it (a few seconds).
+``LearnedTree._keep`` and ``_expand``: one dispatch a level. After the step, a second function labels its
+tried nodes and updates the request's correction (``observer``): one more dispatch a step. numba caches the
+machine code on disk (``cache=True``), so only a machine's first run compiles it (a few seconds).
 
 It is an accelerator, not a second policy: ``LearnedTree`` takes it only when numba imports, the predictor
 has a compiled forest with an entry point and its features can be filled by ``FeatureRows``; otherwise it
@@ -270,10 +271,11 @@ def _level_source(call_forest: Any, unpack: Any, fill: Any, calibrate: Any, keep
 
 @dataclass
 class FusedLevel:
-    """Per request: the buffers and constants the kernel reads; ``step`` at each step's root, ``run`` per level.
+    """Per request: the buffers and constants the kernel reads; ``step`` at each step's root, ``run`` per level,
+    ``observe`` after the step.
 
-    The step buffers (keep, children, predictions) are indexed by the candidate's index in the step, like
-    ``LearnedTree``'s path values, so each level's answer is a view that later levels do not overwrite."""
+    The step buffers (keep, children, predictions, parents) are indexed by the candidate's index in the step,
+    like ``LearnedTree``'s path values, so each level's answer is a view that later levels do not overwrite."""
 
     rows: FeatureRows
     ints: np.ndarray  # int64: the forest's address and the column tables, see _I_FOREST...

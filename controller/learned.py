@@ -274,8 +274,9 @@ class LearnedTree:
         end = self._count = at + len(parents)
         if end > len(self._value):
             self._values_room(at, end)
+        # No per-level record: the predictions, keep masks and parents stay in fused's step buffers (observe).
         fused.run(frontier, cols, self._context, self._value, at, _child_estimate(frontier))
-        if frontier.depth == 1:  # the step's levels stay in fused's buffers, where its observe reads them
+        if frontier.depth == 1:
             self._note_best(float(fused.state[BEST]) if end > at else 0.0)
         return LevelPlan.of_arrays(fused.keep[at:end], fused.children[at:end])
 
