@@ -184,6 +184,27 @@ def test_learned_tree_decodes_the_same_trees_with_either_path(pair: TreeDecoder,
         np.testing.assert_allclose(pa_, pb, rtol=1e-12, atol=1e-12)
 
 
+def test_the_native_update_reads_steps_past_its_first_buffers(pair: TreeDecoder, shipped) -> None:
+    """Steps of more candidates than the fused buffers first hold (64) regrow them mid-step; the native update
+    still reads every level of the step: the same posterior as the Python path, step after step."""
+    wide = DomainBudget(node_budget=48, max_depth=4, max_width=6, threshold=1e-6, cost_scale=0.0)
+
+    def policy(model: object) -> LearnedTree:
+        tree = LearnedTree(model, BudgetsFile(default=wide))  # type: ignore[arg-type]
+        tree._calibrator = Recording(tree._calibrator.config)
+        return tree
+
+    fast, slow = policy(shipped), policy(DictOnly(shipped))
+    a = pair.generate("def f(x):", max_new_tokens=20, tree=fast, domain="code")
+    b = pair.generate("def f(x):", max_new_tokens=20, tree=slow, domain="code")
+    assert a.token_ids == b.token_ids and fast._fused is not None
+    assert max(s.drafted for s in a.stats.steps) > 64
+    assert len(fast._calibrator.absorbed) == len(slow._calibrator.absorbed) > 3
+    for (pa_, na), (pb, nb) in zip(fast._calibrator.absorbed, slow._calibrator.absorbed, strict=True):
+        assert na == nb
+        np.testing.assert_allclose(pa_, pb, rtol=1e-12, atol=1e-12)
+
+
 def _steps(policy: LearnedTree, pair: TreeDecoder) -> list[tuple[int, int, int]]:
     out = pair.generate("def f(x):", max_new_tokens=30, tree=policy, domain="code")
     assert out.token_ids == pair.generate_plain("def f(x):", max_new_tokens=30).token_ids
