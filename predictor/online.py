@@ -144,14 +144,17 @@ def newton(p: Sequence[float], y: Sequence[float], w: Sequence[float], m0: float
     Scalar loops only, so one source serves plain floats (``OnlineCalibrator.update``) and numba over arrays
     (``controller.fused``, a step's update in one native call)."""
     lo, hi = _CLIP, 1 - _CLIP
+    z = [0.0] * len(p)  # each row's logit, once for every iteration (plain floats in the Python path)
+    for i in range(len(p)):
+        q = min(max(p[i], lo), hi)
+        z[i] = math.log(q / (1.0 - q))
     a, b = m0, m1
     h00, h01, h11 = p00, p01, p11
     for _ in range(iterations):
         g0, g1 = p00 * (a - m0) + p01 * (b - m1), p01 * (a - m0) + p11 * (b - m1)
         h00, h01, h11 = p00, p01, p11
         for i in range(len(p)):
-            q = min(max(p[i], lo), hi)
-            zi, wi = math.log(q / (1.0 - q)), w[i]
+            zi, wi = z[i], w[i]
             t = a + b * zi
             qi = 1.0 / (1.0 + math.exp(-t)) if t > -50.0 else 0.0
             r, h = wi * (qi - y[i]), wi * qi * (1.0 - qi)
