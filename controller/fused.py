@@ -2,8 +2,8 @@
 
 In Python the level costs ~130 us on this CPU (docs/performance.md): a dozen numpy calls for the features,
 the forest, the isotonic map, the path values and the keep/expand rules, each starting cold after a draft
-forward. Here numba compiles those steps into one function that writes the features into the predictor's
-matrix, calls the lleaves-compiled forest through its address, and applies the same rules as
+forward. Here numba compiles those steps into one function that writes the features into a matrix of the
+request's arena, calls the lleaves-compiled forest through its address, and applies the same rules as
 ``LearnedTree._keep`` and ``_expand``: one dispatch a level. After the step, a second function labels its
 tried nodes and updates the request's correction (``observer``): one more dispatch a step. numba caches the
 machine code on disk (``cache=True``), so only a machine's first run compiles it (a few seconds).
@@ -34,10 +34,18 @@ from .features import SPECIAL, STEP_SCALARS, FeatureRows, raw_step_scalars
 # The per-level sources the kernel writes, in the order of ``FusedLevel.cols`` (-1: the model does not read it).
 SOURCES = ("sibling_rank", "draft_logprob", "draft_entropy", "draft_margin", "path_logprob", "parent_draft_prob",
            "token_id", "token_type", "parent_margin", "parent_entropy", "depth", "position")
-# The request's constants travel as two arrays: numba unboxes every array argument, ~0.6 us each right after
-# a forward (a no-op of 28 arguments took 22 us there, one of 1 argument 7 us). ints[]: the forest's address, the
-# step map's row count, the cols table, the step map; floats[]: the counts of what follows, the budget's rules
-# (the _THRESHOLD... indices), the token types' codes, the isotonic map, and the target and draft ms by node count.
+# The request's memory is one byte arena (``FusedLevel.mem``) that both sides read through the same views
+# (``views``): the kernel takes it and the level's fresh columns (14 arguments, not 22) and writes no other
+# object's buffers. In decodes a level's call took 37-46 us against 39-50 before (four back-to-back pairs): the
+# rest of a cold call is numba's dispatch (a no-op costs ~13 us right after a forward, with 4 or 14 arguments
+# alike) and the forest's code (cut to 30 trees, ~7-12 us less). Header: the byte offset of each section in
+# _SECTIONS order and of the end, the step's capacity (candidates) and the feature matrix's width.
+_SECTIONS = ("ints", "floats", "state", "cal", "x", "parent_rows", "value", "raw", "children", "parent", "keep")
+_H_CAP, _H_WIDTH = len(_SECTIONS) + 1, len(_SECTIONS) + 2
+_HEAD = _H_WIDTH + 1
+# ints[]: the forest's address, the step map's row count, the cols table, the step map; floats[]: the counts of
+# what follows, the budget's rules (the _THRESHOLD... indices), the token types' codes, the isotonic map, and the
+# target and draft ms by node count.
 _I_FOREST, _I_STEP, _I_COLS = range(3)
 _F_TYPES, _F_ISO, _F_TARGET, _F_DRAFT, _F_RULES = range(5)
 _THRESHOLD, _COST_SCALE, _NODE_BUDGET, _MAX_WIDTH, _MAX_DEPTH, _TIMED = range(6)
@@ -46,6 +54,7 @@ _THRESHOLD, _COST_SCALE, _NODE_BUDGET, _MAX_WIDTH, _MAX_DEPTH, _TIMED = range(6)
 # RAW0...: the step's shared scalars untyped, in features.STEP_SCALARS order.
 GAIN, NODES, DRAFT_MS, BEST, EST, DEPTH, POS0, CAL_ON, CAL_SCALE, CAL_SLOPE, RAW0 = range(11)
 _STATE = RAW0 + len(STEP_SCALARS)
+_CAL = 7  # observe's posterior (5) and settings (iterations, slope floor)
 _CLIP = 1e-4  # as predictor.online
 
 
@@ -75,7 +84,8 @@ def kernel() -> Any | None:
         return sig, codegen
 
     jit = numba.njit(cache=True, nogil=True)  # the parts are native calls from the level, inlined by LLVM
-    return jit(_level_source(call_forest, jit(_unpack), jit(_fill), jit(_calibrate), jit(_keep), jit(_expand)))
+    return jit(_level_source(call_forest, jit(views), jit(_unpack), jit(_fill), jit(_calibrate), jit(_keep),
+                             jit(_expand)))
 
 
 A = np.ndarray  # every array argument of the kernel's parts (numba types them from the call)
@@ -89,11 +99,13 @@ def observer() -> Any | None:
     except ImportError:
         return None
     jit = numba.njit(cache=True, nogil=True)
-    tried, update = jit(tried_rows), jit(newton)
+    arena, tried, update = jit(views), jit(tried_rows), jit(newton)
 
-    def observe(raw: A, keep: A, parent: A, count: int, verified: int, path: A, cal: A) -> int:
+    def observe(mem: A, count: int, verified: int, path: A) -> int:
         """The step's tried rows into ``newton`` from the posterior in ``cal[:5]`` (iterations, slope floor in
         ``cal[5:7]``), written back to ``cal[:5]``; returns the rows taken in (-1: a cut, nothing learned)."""
+        sections = arena(mem)
+        cal, raw, parent, keep = sections[3], sections[7], sections[9], sections[10]
         p, y = np.empty(count), np.empty(count)
         n = tried(raw, keep, parent, count, verified, path, p, y)
         if n > 0:
@@ -102,6 +114,30 @@ def observer() -> Any | None:
         return n
 
     return jit(observe)
+
+
+def views(mem: A) -> tuple[A, A, A, A, A, A, A, A, A, A, A]:
+    """The arena's sections as typed arrays, in _SECTIONS order (numba compiles it for the kernel; Python takes
+    the same views for its side): ints, floats, state, cal, x [cap, width], parent_rows [cap + 1, 2], then the
+    step buffers by candidate index: value, raw, children, parent, keep."""
+    h = mem[:8 * _HEAD].view(np.int64)
+    f8, i8 = np.float64, np.int64
+    return (mem[h[0]:h[1]].view(i8), mem[h[1]:h[2]].view(f8), mem[h[2]:h[3]].view(f8), mem[h[3]:h[4]].view(f8),
+            mem[h[4]:h[5]].view(f8).reshape(-1, h[_H_WIDTH]), mem[h[5]:h[6]].view(f8).reshape(-1, 2),
+            mem[h[6]:h[7]].view(f8), mem[h[7]:h[8]].view(f8), mem[h[8]:h[9]].view(i8), mem[h[9]:h[10]].view(i8),
+            mem[h[10]:h[10] + h[_H_CAP]].view(np.bool_))
+
+
+def _arena(ints: A, floats: A, cap: int, width: int) -> A:
+    """A zeroed arena for ``cap`` candidates a step and a feature matrix ``width`` wide, constants written."""
+    sizes = [len(ints), len(floats), _STATE, _CAL, cap * width, 2 * (cap + 1), cap, cap, cap, cap, (cap + 7) // 8]
+    offsets = np.cumsum([8 * _HEAD, *(8 * n for n in sizes)])  # every section 8-byte aligned
+    mem = np.zeros(int(offsets[-1]), dtype=np.uint8)
+    mem[:8 * _HEAD].view(np.int64)[:] = [*offsets, cap, width]
+    sections = views(mem)
+    sections[0][:], sections[1][:] = ints, floats
+    sections[5][0] = np.nan  # a root child's parent row: missing, as RequestFeatures has it
+    return mem
 
 
 def tried_rows(raw: A, keep: A, parent: A, count: int, verified: int, path: A, p: A, y: A) -> int:
@@ -246,15 +282,17 @@ def _expand(value: A, at: int, m: int, keep: A, children: A, rules: A, target: A
             children[at + i] = int(rules[_MAX_WIDTH])
 
 
-def _level_source(call_forest: Any, unpack: Any, fill: Any, calibrate: Any, keep: Any, expand: Any) -> Any:
+def _level_source(call_forest: Any, views: Any, unpack: Any, fill: Any, calibrate: Any, keep: Any,
+                  expand: Any) -> Any:
     """The level as a Python function over numpy arrays, calling its compiled parts (numba compiles it)."""
 
-    def level(x: A, m: int, ints: A, floats: A, tokens: A, rank: A, logprob: A, entropy: A, margin: A, path_lp: A,
-              parent_prob: A, parent: A, parent_rows: A, push_at: int, type_table: A, value: A, at: int, kept: A,
-              children: A, raw: A, parents: A, state: A) -> int:
+    def level(mem: A, m: int, at: int, depth: int, est: float, type_table: A, tokens: A, rank: A, logprob: A,
+              entropy: A, margin: A, path_lp: A, parent_prob: A, parent: A) -> int:
+        ints, floats, state, _, x, parent_rows, value, raw, children, parents, kept = views(mem)
+        state[DEPTH], state[EST] = depth, est
         cols, type_codes, step_map, rules, iso_x, iso_y, target, draft = unpack(ints, floats)
         fill(x, m, cols, step_map, tokens, rank, logprob, entropy, margin, path_lp, parent_prob, parent,
-             parent_rows, push_at, type_table, type_codes, state)
+             parent_rows, at + 1, type_table, type_codes, state)  # this level: rows at + 1... as next's parents
         call_forest(ints[_I_FOREST], x.ctypes.data, raw[at:].ctypes.data, np.int32(m))
         calibrate(raw, at, m, iso_x, iso_y, parent, value, state)
         n = keep(value, at, m, kept, children, rules, target, state)
@@ -271,25 +309,33 @@ def _level_source(call_forest: Any, unpack: Any, fill: Any, calibrate: Any, keep
 
 @dataclass
 class FusedLevel:
-    """Per request: the buffers and constants the kernel reads; ``step`` at each step's root, ``run`` per level,
-    ``observe`` after the step.
+    """Per request: the arena the kernel reads and writes (``mem``, see ``views``); ``step`` at each step's root,
+    ``run`` per level, ``observe`` after the step.
 
-    The step buffers (keep, children, predictions, parents) are indexed by the candidate's index in the step,
-    like ``LearnedTree``'s path values, so each level's answer is a view that later levels do not overwrite."""
+    The step buffers (value, raw, children, parent, keep) are indexed by the candidate's index in the step, like
+    ``LearnedTree``'s path values, so each level's answer is a view that later levels do not overwrite; a step
+    that outgrows them moves to a larger arena, and earlier answers keep the old one."""
 
     rows: FeatureRows
-    ints: np.ndarray  # int64: the forest's address and the column tables, see _I_FOREST...
-    floats: np.ndarray  # float64: the rules, the isotonic map and the latency profile, see _F_ISO...
+    mem: np.ndarray  # uint8: header, constants, state, feature matrix and step buffers (``views``)
     level: Any  # the compiled kernel (``kernel()``)
     observer: Any  # the compiled correction update (``observer()``)
     type_table: np.ndarray = field(default_factory=lambda: np.full(1, SPECIAL, dtype=np.int8))  # a frontier
     # without a token-type table reads "special"
-    state: np.ndarray = field(default_factory=lambda: np.zeros(_STATE))  # see GAIN... RAW0
-    keep: np.ndarray = field(default_factory=lambda: np.zeros(64, dtype=np.bool_))
-    children: np.ndarray = field(default_factory=lambda: np.zeros(64, dtype=np.int64))
-    raw: np.ndarray = field(default_factory=lambda: np.zeros(64))
-    parent: np.ndarray = field(default_factory=lambda: np.zeros(64, dtype=np.int64))
-    cal: np.ndarray = field(default_factory=lambda: np.zeros(7))  # observe's posterior and settings
+    ints: np.ndarray = field(init=False, repr=False)  # int64: the forest's address and the column tables
+    floats: np.ndarray = field(init=False, repr=False)  # float64: rules, isotonic map, latency profile
+    state: np.ndarray = field(init=False, repr=False)  # see GAIN... RAW0
+    cal: np.ndarray = field(init=False, repr=False)  # observe's posterior and settings
+    x: np.ndarray = field(init=False, repr=False)  # [cap, width] the level's feature rows, the forest's input
+    parent_rows: np.ndarray = field(init=False, repr=False)  # [cap + 1, 2] row c + 1: candidate c's margin, entropy
+    value: np.ndarray = field(init=False, repr=False)  # the step's path values (0 where pruned)
+    raw: np.ndarray = field(init=False, repr=False)  # the predictor's (isotonic) outputs
+    children: np.ndarray = field(init=False, repr=False)
+    parent: np.ndarray = field(init=False, repr=False)  # parent's candidate index, -1 for the root
+    keep: np.ndarray = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._adopt(self.mem)
 
     @classmethod
     def build(cls, rows: FeatureRows, predictor: object, target: list[float], draft: list[float],
@@ -309,7 +355,15 @@ class FusedLevel:
                  1.0 if target else 0.0]
         floats = np.concatenate([[len(codes), len(iso_x), len(target), len(draft)], rules, codes, iso_x, iso_y,
                                  target, draft])
-        return cls(rows, ints.astype(np.int64), floats.astype(np.float64), level, update)
+        template = rows.matrix[0]  # the domain column, which the kernel never writes
+        mem = _arena(ints.astype(np.int64), floats.astype(np.float64), 64, template.shape[0])
+        views(mem)[4][:] = template
+        return cls(rows, mem, level, update)
+
+    def _adopt(self, mem: np.ndarray) -> None:
+        self.mem = mem
+        (self.ints, self.floats, self.state, self.cal, self.x, self.parent_rows, self.value, self.raw, self.children,
+         self.parent, self.keep) = views(mem)
 
     def step(self, root: Frontier, context: RequestFeatures, gain: float, nodes: int, draft_ms: float,
              correction: tuple[bool, float, float] | None) -> None:
@@ -320,37 +374,33 @@ class FusedLevel:
         self.state[:] = (gain, nodes, draft_ms, 0.0, 0.0, 0.0, root.position - 1, 1.0 if on else 0.0,
                          math.exp(-offset), slope, *raw_step_scalars(root, context))
 
-    def run(self, frontier: Frontier, cols: Mapping[str, np.ndarray], context: RequestFeatures, value: np.ndarray,
-            at: int, est: float) -> int:
-        """Value, keep and expand one level: ``cols`` are ``frontier.arrays()``, written at ``at`` in the step
-        buffers and in ``value`` (the step's path values, room ensured); returns the kept count."""
+    def run(self, frontier: Frontier, cols: Mapping[str, np.ndarray], at: int, est: float) -> int:
+        """Value, keep and expand one level: ``cols`` are ``frontier.arrays()``, written at candidate ``at`` of
+        the step buffers; returns the kept count."""
         m = len(cols["parent"])
-        end = at + m
-        if end > self.keep.shape[0]:  # new buffers: earlier levels' views keep the old ones
-            self._grow(at, 2 * end)
-        parent_rows, push_at = context.claim(m)  # this level as the next level's parents
+        if at + m > self.keep.shape[0]:
+            self._grow(at, 2 * (at + m))
         table = frontier.token_type_table
-        state = self.state
-        state[EST], state[DEPTH] = est, frontier.depth
-        return self.level(self.rows.reserve(m), m, self.ints, self.floats, cols["tokens"], cols["sibling_rank"],
-                          cols["draft_logprob"], cols["draft_entropy"], cols["draft_margin"], cols["path_logprob"],
-                          cols["parent_draft_prob"], cols["parent"], parent_rows, push_at,
-                          self.type_table if table is None else table, value, at, self.keep, self.children,
-                          self.raw, self.parent, state)
+        return self.level(self.mem, m, at, frontier.depth, est, self.type_table if table is None else table,
+                          cols["tokens"], cols["sibling_rank"], cols["draft_logprob"], cols["draft_entropy"],
+                          cols["draft_margin"], cols["path_logprob"], cols["parent_draft_prob"], cols["parent"])
 
-    def _grow(self, count: int, size: int) -> None:
-        """New step buffers of ``size`` with the first ``count`` entries (observe reads the whole step)."""
-        keep, children, raw, parent = (np.zeros(size, dtype=np.bool_), np.zeros(size, dtype=np.int64),
-                                       np.zeros(size), np.zeros(size, dtype=np.int64))
-        keep[:count], raw[:count], parent[:count] = self.keep[:count], self.raw[:count], self.parent[:count]
-        self.keep, self.children, self.raw, self.parent = keep, children, raw, parent
+    def _grow(self, count: int, cap: int) -> None:
+        """A new arena for ``cap`` candidates: the constants, the state and the step's first ``count`` entries
+        (later levels read their parents' rows, observe reads the whole step)."""
+        mem = _arena(self.ints, self.floats, cap, self.x.shape[1])
+        new = views(mem)
+        new[2][:], new[3][:], new[4][:] = self.state, self.cal, self.x[0]
+        new[5][:count + 1] = self.parent_rows[:count + 1]
+        for a, b in zip(new[6:], (self.value, self.raw, self.children, self.parent, self.keep), strict=True):
+            a[:count] = b[:count]
+        self._adopt(mem)
 
     def observe(self, count: int, verified: int, path: tuple[int, ...], calibrator: OnlineCalibrator) -> None:
         """Update ``calibrator`` with the step's first ``count`` candidates as ``LearnedTree`` labels them (tried
         nodes by the accepted ``path``), in one native call; nothing when the decoder cut the tree."""
-        cal = self.cal
         config = calibrator.config
-        cal[:] = (*calibrator.posterior, config.iterations, config.slope_floor)
-        n = self.observer(self.raw, self.keep, self.parent, count, verified, np.asarray(path, dtype=np.int64), cal)
+        self.cal[:] = (*calibrator.posterior, config.iterations, config.slope_floor)
+        n = self.observer(self.mem, count, verified, np.asarray(path, dtype=np.int64))
         if n > 0:
-            calibrator.absorb(cal[:5].tolist(), n)
+            calibrator.absorb(self.cal[:5].tolist(), n)

@@ -117,6 +117,7 @@ class LearnedTree:
     domain: str = field(default="unknown", init=False)
     budget: DomainBudget = field(default_factory=DomainBudget, init=False)
     _value: np.ndarray = field(default_factory=lambda: np.zeros(64), init=False, repr=False)  # by candidate index
+    # (the Python path's; a native level keeps its own, FusedLevel.value)
     _count: int = field(default=0, init=False, repr=False)  # candidates of this step valued so far
     _gain: float = field(default=1.0, init=False, repr=False)  # expected tokens of this step's tree
     _draft_ms: float = field(default=0.0, init=False, repr=False)
@@ -269,13 +270,10 @@ class LearnedTree:
     def _plan_fused(self, fused: FusedLevel, frontier: Frontier) -> LevelPlan:
         """``plan`` for one level in one native call: the same values, keep and children as the Python path."""
         cols = frontier.columns
-        parents = cols["parent"]
         at = self._count
-        end = self._count = at + len(parents)
-        if end > len(self._value):
-            self._values_room(at, end)
-        # No per-level record: the predictions, keep masks and parents stay in fused's step buffers (observe).
-        fused.run(frontier, cols, self._context, self._value, at, _child_estimate(frontier))
+        end = self._count = at + len(cols["parent"])
+        # The values, predictions, keep masks and parents stay in fused's step buffers (observe reads them).
+        fused.run(frontier, cols, at, _child_estimate(frontier))
         if frontier.depth == 1:
             self._note_best(float(fused.state[BEST]) if end > at else 0.0)
         return LevelPlan.of_arrays(fused.keep[at:end], fused.children[at:end])

@@ -53,13 +53,17 @@ class Spy(LearnedTree):
         if frontier.depth > 0:
             m, fused = frontier.size, self._fused  # the native level keeps its predictions in its own buffer
             raw = fused.raw[self._count - m:self._count] if fused is not None else self._step[-1].raw
-            self.seen.append((plan.keep.copy(), plan.children.copy(), raw.copy(), self._value[:self._count].copy()))
+            value = fused.value if fused is not None else self._value
+            self.seen.append((plan.keep.copy(), plan.children.copy(), raw.copy(), value[:self._count].copy()))
         return plan
 
 
 CASES = {
     "budget only": (DomainBudget(node_budget=10, max_depth=4, max_width=3, threshold=0.001, cost_scale=0.0), False),
     "cost rule": (DomainBudget(node_budget=12, max_depth=5, max_width=3, threshold=0.01, cost_scale=1.0), True),
+    # steps of more candidates than the arena first holds (64): it regrows mid-step, and the next levels still
+    # read their parents' rows
+    "regrown": (DomainBudget(node_budget=48, max_depth=4, max_width=6, threshold=1e-6, cost_scale=0.0), False),
 }
 
 
@@ -92,17 +96,25 @@ def test_the_native_level_decides_exactly_as_the_python_path(pair, shipped, case
 @dataclass
 class RowSpy(LearnedTree):
     """Records, per level, the rows the kernel wrote and the rows ``FeatureRows.fill`` writes for the same
-    frontier from a copy of the request's context taken before the level."""
+    frontier from a copy of the request's context taken before the level, given the step's earlier levels as
+    parents (the native level keeps its parents' rows in its own arena)."""
 
     rows_seen: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)
+    earlier: list[Frontier] = field(default_factory=list)  # this step's levels so far
 
     def plan(self, frontier: Frontier) -> LevelPlan:
         before = copy.deepcopy(self._context)
         plan = super().plan(frontier)
-        if frontier.depth > 0:
+        if frontier.depth == 0:
+            self.earlier = []
+        else:
+            before.begin_step()
+            for level in self.earlier:
+                before.push(level.arrays()["draft_margin"], level.arrays()["draft_entropy"])
             ref = FeatureRows(self.predictor, self.domain)
             m = ref.fill(frontier, before, frontier.arrays()["parent"])
-            self.rows_seen.append((self._rows.matrix[:m].copy(), ref.matrix[:m].copy()))
+            self.rows_seen.append((self._fused.x[:m].copy(), ref.matrix[:m].copy()))
+            self.earlier.append(frontier)
         return plan
 
 
@@ -123,7 +135,7 @@ def test_the_native_predictions_equal_lightgbms_on_a_decode(pair, shipped) -> No
     policy = Spy(shipped, BudgetsFile(default=CASES["budget only"][0]), online=None)
     pair.generate("class A:\n", max_new_tokens=24, tree=policy, domain="code")
     assert policy._fused is not None and policy.seen
-    x = policy._rows.matrix[: len(policy.seen[-1][2])].copy()
+    x = policy._fused.x[: len(policy.seen[-1][2])].copy()
     booster = shipped.booster.predict(x, num_threads=1)
     np.testing.assert_allclose(policy.seen[-1][2], shipped.calibrator(booster), rtol=0, atol=1e-6)
 
