@@ -316,7 +316,6 @@ class FusedLevel:
     ``LearnedTree``'s path values, so each level's answer is a view that later levels do not overwrite; a step
     that outgrows them moves to a larger arena, and earlier answers keep the old one."""
 
-    rows: FeatureRows
     mem: np.ndarray  # uint8: header, constants, state, feature matrix and step buffers (``views``)
     level: Any  # the compiled kernel (``kernel()``)
     observer: Any  # the compiled correction update (``observer()``)
@@ -358,7 +357,7 @@ class FusedLevel:
         template = rows.matrix[0]  # the domain column, which the kernel never writes
         mem = _arena(ints.astype(np.int64), floats.astype(np.float64), 64, template.shape[0])
         views(mem)[4][:] = template
-        return cls(rows, mem, level, update)
+        return cls(mem, level, update)
 
     def _adopt(self, mem: np.ndarray) -> None:
         self.mem = mem
