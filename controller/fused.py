@@ -41,6 +41,7 @@ SOURCES = ("sibling_rank", "draft_logprob", "draft_entropy", "draft_margin", "pa
 # alike) and the forest's code (cut to 30 trees, ~7-12 us less). Header: the byte offset of each section in
 # _SECTIONS order and of the end, the step's capacity (candidates) and the feature matrix's width.
 _SECTIONS = ("ints", "floats", "state", "cal", "x", "parent_rows", "value", "raw", "children", "parent", "keep")
+_S_CAL, _S_RAW, _S_PARENT, _S_KEEP = (_SECTIONS.index(n) for n in ("cal", "raw", "parent", "keep"))  # for observe
 _H_CAP, _H_WIDTH = len(_SECTIONS) + 1, len(_SECTIONS) + 2
 _HEAD = _H_WIDTH + 1
 # ints[]: the forest's address, the step map's row count, the cols table, the step map; floats[]: the counts of
@@ -105,7 +106,7 @@ def observer() -> Any | None:
         """The step's tried rows into ``newton`` from the posterior in ``cal[:5]`` (iterations, slope floor in
         ``cal[5:7]``), written back to ``cal[:5]``; returns the rows taken in (-1: a cut, nothing learned)."""
         sections = arena(mem)
-        cal, raw, parent, keep = sections[3], sections[7], sections[9], sections[10]
+        cal, raw, parent, keep = sections[_S_CAL], sections[_S_RAW], sections[_S_PARENT], sections[_S_KEEP]
         p, y = np.empty(count), np.empty(count)
         n = tried(raw, keep, parent, count, verified, path, p, y)
         if n > 0:
@@ -134,9 +135,9 @@ def _arena(ints: A, floats: A, cap: int, width: int) -> A:
     offsets = np.cumsum([8 * _HEAD, *(8 * n for n in sizes)])  # every section 8-byte aligned
     mem = np.zeros(int(offsets[-1]), dtype=np.uint8)
     mem[:8 * _HEAD].view(np.int64)[:] = [*offsets, cap, width]
-    sections = views(mem)
-    sections[0][:], sections[1][:] = ints, floats
-    sections[5][0] = np.nan  # a root child's parent row: missing, as RequestFeatures has it
+    sections = dict(zip(_SECTIONS, views(mem), strict=True))
+    sections["ints"][:], sections["floats"][:] = ints, floats
+    sections["parent_rows"][0] = np.nan  # a root child's parent row: missing, as RequestFeatures has it
     return mem
 
 
@@ -355,14 +356,14 @@ class FusedLevel:
         floats = np.concatenate([[len(codes), len(iso_x), len(target), len(draft)], rules, codes, iso_x, iso_y,
                                  target, draft])
         template = rows.matrix[0]  # the domain column, which the kernel never writes
-        mem = _arena(ints.astype(np.int64), floats.astype(np.float64), 64, template.shape[0])
-        views(mem)[4][:] = template
-        return cls(mem, level, update)
+        fused = cls(_arena(ints.astype(np.int64), floats.astype(np.float64), 64, template.shape[0]), level, update)
+        fused.x[:] = template
+        return fused
 
     def _adopt(self, mem: np.ndarray) -> None:
         self.mem = mem
-        (self.ints, self.floats, self.state, self.cal, self.x, self.parent_rows, self.value, self.raw, self.children,
-         self.parent, self.keep) = views(mem)
+        for name, section in zip(_SECTIONS, views(mem), strict=True):  # the attributes are named as the sections
+            setattr(self, name, section)
 
     def step(self, root: Frontier, context: RequestFeatures, gain: float, nodes: int, draft_ms: float,
              correction: tuple[bool, float, float] | None) -> None:
@@ -387,13 +388,12 @@ class FusedLevel:
     def _grow(self, count: int, cap: int) -> None:
         """A new arena for ``cap`` candidates: the constants, the state and the step's first ``count`` entries
         (later levels read their parents' rows, observe reads the whole step)."""
-        mem = _arena(self.ints, self.floats, cap, self.x.shape[1])
-        new = views(mem)
-        new[2][:], new[3][:], new[4][:] = self.state, self.cal, self.x[0]
-        new[5][:count + 1] = self.parent_rows[:count + 1]
-        for a, b in zip(new[6:], (self.value, self.raw, self.children, self.parent, self.keep), strict=True):
-            a[:count] = b[:count]
-        self._adopt(mem)
+        old = dict(zip(_SECTIONS, views(self.mem), strict=True))
+        self._adopt(_arena(self.ints, self.floats, cap, self.x.shape[1]))
+        self.state[:], self.cal[:], self.x[:] = old["state"], old["cal"], old["x"][0]
+        self.parent_rows[:count + 1] = old["parent_rows"][:count + 1]
+        for name in ("value", "raw", "children", "parent", "keep"):
+            getattr(self, name)[:count] = old[name][:count]
 
     def observe(self, count: int, verified: int, path: tuple[int, ...], calibrator: OnlineCalibrator) -> None:
         """Update ``calibrator`` with the step's first ``count`` candidates as ``LearnedTree`` labels them (tried
