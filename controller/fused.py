@@ -288,7 +288,7 @@ def _level_source(call_forest: Any, views: Any, unpack: Any, fill: Any, calibrat
     """The level as a Python function over numpy arrays, calling its compiled parts (numba compiles it)."""
 
     def level(mem: A, m: int, at: int, depth: int, est: float, type_table: A, tokens: A, rank: A, logprob: A,
-              entropy: A, margin: A, path_lp: A, parent_prob: A, parent: A) -> int:
+              entropy: A, margin: A, path_lp: A, parent_prob: A, parent: A) -> float:
         ints, floats, state, _, x, parent_rows, value, raw, children, parents, kept = views(mem)
         state[DEPTH], state[EST] = depth, est
         cols, type_codes, step_map, rules, iso_x, iso_y, target, draft = unpack(ints, floats)
@@ -296,14 +296,13 @@ def _level_source(call_forest: Any, views: Any, unpack: Any, fill: Any, calibrat
              parent_rows, at + 1, type_table, type_codes, state)  # this level: rows at + 1... as next's parents
         call_forest(ints[_I_FOREST], x.ctypes.data, raw[at:].ctypes.data, np.int32(m))
         calibrate(raw, at, m, iso_x, iso_y, parent, value, state)
-        n = keep(value, at, m, kept, children, rules, target, state)
-        if n > 0:
+        if keep(value, at, m, kept, children, rules, target, state) > 0:
             expand(value, at, m, kept, children, rules, target, draft, state)
         for i in range(m):  # the step's values by candidate index hold 0 where pruned
             parents[at + i] = parent[i]
             if not kept[at + i]:
                 value[at + i] = 0.0
-        return n
+        return state[BEST]
 
     return level
 
@@ -374,9 +373,9 @@ class FusedLevel:
         self.state[:] = (gain, nodes, draft_ms, 0.0, 0.0, 0.0, root.position - 1, 1.0 if on else 0.0,
                          math.exp(-offset), slope, *raw_step_scalars(root, context))
 
-    def run(self, frontier: Frontier, cols: Mapping[str, np.ndarray], at: int, est: float) -> int:
+    def run(self, frontier: Frontier, cols: Mapping[str, np.ndarray], at: int, est: float) -> float:
         """Value, keep and expand one level: ``cols`` are ``frontier.arrays()``, written at candidate ``at`` of
-        the step buffers; returns the kept count."""
+        the step buffers; returns the level's best (corrected) prediction, 0 for an empty level."""
         m = len(cols["parent"])
         if at + m > self.keep.shape[0]:
             self._grow(at, 2 * (at + m))

@@ -40,7 +40,7 @@ from predictor.online import OnlineCalibrator, OnlineConfig
 
 from .budgets import BudgetsFile, DomainBudget, load_budgets
 from .features import FeatureRows
-from .fused import BEST, FusedLevel, tried_rows
+from .fused import FusedLevel, tried_rows
 from .guard import PayoffGuard
 from .latency import LatencyProfile
 
@@ -209,8 +209,15 @@ class LearnedTree:
     def plan(self, frontier: Frontier) -> LevelPlan:
         if frontier.depth == 0:
             return self._plan_root(frontier)
-        if self._fused is not None:
-            return self._plan_fused(self._fused, frontier)
+        fused = self._fused
+        if fused is not None:  # one native call; its values, predictions, keep masks and parents stay in fused's
+            cols = frontier.columns  # step buffers (observe reads them). Inline: each call frame costs here.
+            at = self._count
+            end = self._count = at + len(cols["parent"])
+            best = fused.run(frontier, cols, at, _child_estimate(frontier))
+            if frontier.depth == 1:
+                self._note_best(best)
+            return LevelPlan.of_arrays(fused.keep[at:end], fused.children[at:end])
         value = self._values_of(frontier)
         keep = self._keep(value)
         kept = np.asarray(keep, dtype=bool)
@@ -266,17 +273,6 @@ class LearnedTree:
             self._fused.step(frontier, self._context, self._gain, self._nodes, self._draft_ms,
                              (cal.active, cal.offset, cal.slope) if self.online is not None else None)
         return self._roots[1 if draft else 0]
-
-    def _plan_fused(self, fused: FusedLevel, frontier: Frontier) -> LevelPlan:
-        """``plan`` for one level in one native call: the same values, keep and children as the Python path."""
-        cols = frontier.columns
-        at = self._count
-        end = self._count = at + len(cols["parent"])
-        # The values, predictions, keep masks and parents stay in fused's step buffers (observe reads them).
-        fused.run(frontier, cols, at, _child_estimate(frontier))
-        if frontier.depth == 1:
-            self._note_best(float(fused.state[BEST]) if end > at else 0.0)
-        return LevelPlan.of_arrays(fused.keep[at:end], fused.children[at:end])
 
     def _values_room(self, count: int, end: int) -> None:
         """Room for path values up to candidate ``end`` (the first ``count`` kept as they are)."""

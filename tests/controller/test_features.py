@@ -9,7 +9,7 @@ import torch
 from conftest import make_model
 
 from controller import BudgetsFile, DomainBudget, LearnedTree
-from controller.features import FeatureRows
+from controller.features import _SCALARS, STEP_SCALARS, FeatureRows, raw_step_scalars
 from decoder import Frontier, NodeLogWriter, TreeDecoder
 from decoder.nodelog import TOKEN_TYPES, read_node_logs
 from decoder.paths import data_dir
@@ -57,6 +57,15 @@ def _dict_rows(model: AcceptancePredictor, f: Frontier, ctx: RequestFeatures, do
     for j, name in enumerate(model.feature_names):
         x[:, j] = feats[name]
     return x
+
+
+def test_the_raw_step_scalars_follow_step_scalars_order() -> None:
+    f = _frontier(1, [-1, -1], seed=0)
+    f = Frontier.from_fields({**f.__dict__, "temperature": 0.7, "prev_accepted": 4}, 1, 3, f.columns)  # all distinct
+    ctx = _context()
+    expected = [_SCALARS[n](f, ctx) for n in STEP_SCALARS]
+    assert len(set(expected)) == len(expected)
+    assert list(raw_step_scalars(f, ctx)) == expected
 
 
 @pytest.mark.parametrize("domain", ["code", "never-seen"])
