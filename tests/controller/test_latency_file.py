@@ -37,3 +37,15 @@ def test_learned_default_names_a_garbage_shipped_profile(tmp_path, monkeypatch) 
     monkeypatch.setenv("TREEWISE_DATA", str(tmp_path))
     with pytest.raises(TreewiseError, match="latency.json: not a latency profile"):
         LearnedTree.default()
+
+
+def test_a_dip_between_measured_sizes_never_makes_more_tokens_cheaper() -> None:
+    sizes = [1, 2, 4, 8, 16, 32, 64]
+    profile = LatencyProfile(sizes=sizes, target_ms=[4.4, 4.7, 4.86, 4.84, 5.7, 7.2, 10.1],
+                             draft_ms=[0.4, 0.39, 0.45, 0.49, 0.57, 0.75, 1.1], context=128, device="cpu", threads=2)
+    for time in (profile.target_time, profile.draft_time):
+        costs = [time(n) for n in range(1, 80)]
+        assert all(b >= a for a, b in zip(costs, costs[1:], strict=False))
+    assert profile.target_time(8) == profile.target_time(4) == 4.86  # the dip is read as flat
+    assert profile.target_time(1) == 4.4 and profile.target_time(16) == 5.7  # the rest as measured
+    assert profile.target_ms[3] == 4.84  # the file keeps what was measured
