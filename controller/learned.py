@@ -210,8 +210,8 @@ class LearnedTree:
         if frontier.depth == 0:
             return self._plan_root(frontier)
         fused = self._fused
-        if fused is not None:  # one native call; its values, predictions, keep masks and parents stay in fused's
-            cols = frontier.columns  # step buffers (observe reads them). Inline: each call frame costs here.
+        if fused is not None:  # the level in one native call, written inline (a call frame costs after a forward);
+            cols = frontier.columns  # values, predictions, keep masks and parents stay in fused (observe reads them)
             at = self._count
             end = self._count = at + len(cols["parent"])
             best = fused.run(frontier, cols, at, _child_estimate(frontier))
