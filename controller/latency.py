@@ -95,8 +95,8 @@ def _interp(n: float, xs: list[int], ys: list[float]) -> float:
 def _time_forwards(model: PreTrainedModel, context: int, sizes: tuple[int, ...], repeats: int) -> list[float]:
     """The median ms of one forward of n new tokens over ``context`` cached ones, for each n of ``sizes``.
 
-    The sizes take turns within every repeat: a slow spell of the machine (they last seconds here) then spreads
-    over all of them instead of bending one size's entry, which made profiles non-monotone. One model at a time:
+    The sizes take turns within every repeat: a slow spell of the machine then spreads over all of them instead
+    of bending one size's entry (timed one size after another, profiles came out non-monotone). One model at a time:
     interleaving the target's forwards with the draft's timed the draft with its weights evicted (0.99 against
     0.33 ms at one token), which only the root's draft forward of a step sees."""
     device, dtype = next(model.parameters()).device, next(model.parameters()).dtype
