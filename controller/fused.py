@@ -129,13 +129,18 @@ def views(mem: A) -> tuple[A, A, A, A, A, A, A, A, A, A, A]:
             mem[h[10]:h[10] + h[_H_CAP]].view(np.bool_))
 
 
+def _named(mem: A) -> dict[str, A]:
+    """The arena's sections by their ``_SECTIONS`` name (the Python side's one way to read ``views``)."""
+    return dict(zip(_SECTIONS, views(mem), strict=True))
+
+
 def _arena(ints: A, floats: A, cap: int, width: int) -> A:
     """A zeroed arena for ``cap`` candidates a step and a feature matrix ``width`` wide, constants written."""
     sizes = [len(ints), len(floats), _STATE, _CAL, cap * width, 2 * (cap + 1), cap, cap, cap, cap, (cap + 7) // 8]
     offsets = np.cumsum([8 * _HEAD, *(8 * n for n in sizes)])  # every section 8-byte aligned
     mem = np.zeros(int(offsets[-1]), dtype=np.uint8)
     mem[:8 * _HEAD].view(np.int64)[:] = [*offsets, cap, width]
-    sections = dict(zip(_SECTIONS, views(mem), strict=True))
+    sections = _named(mem)
     sections["ints"][:], sections["floats"][:] = ints, floats
     sections["parent_rows"][0] = np.nan  # a root child's parent row: missing, as RequestFeatures has it
     return mem
@@ -361,7 +366,7 @@ class FusedLevel:
 
     def _adopt(self, mem: np.ndarray) -> None:
         self.mem = mem
-        for name, section in zip(_SECTIONS, views(mem), strict=True):  # the attributes are named as the sections
+        for name, section in _named(mem).items():  # the attributes are named as the sections
             setattr(self, name, section)
 
     def step(self, root: Frontier, context: RequestFeatures, gain: float, nodes: int, draft_ms: float,
@@ -387,7 +392,7 @@ class FusedLevel:
     def _grow(self, count: int, cap: int) -> None:
         """A new arena for ``cap`` candidates: the constants, the state and the step's first ``count`` entries
         (later levels read their parents' rows, observe reads the whole step)."""
-        old = dict(zip(_SECTIONS, views(self.mem), strict=True))
+        old = _named(self.mem)
         self._adopt(_arena(self.ints, self.floats, cap, self.x.shape[1]))
         self.state[:], self.cal[:], self.x[:] = old["state"], old["cal"], old["x"][0]
         self.parent_rows[:count + 1] = old["parent_rows"][:count + 1]
