@@ -6,6 +6,7 @@ import functools
 import time
 from collections.abc import Generator, Iterator, Mapping
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 import torch
@@ -14,6 +15,7 @@ from transformers import DynamicCache, PreTrainedModel
 from .arena import ArenaCache
 from .capability import FULL, AttentionLayout
 from .kvcache import Feed, SoloCache
+from .native import FLOAT_COLUMNS, INT_COLUMNS, expander, kernel, tree_builder
 from .policy import Candidates, Frontier, LevelPlan, TreePolicy
 from .tree import DraftTree
 from .verify import DraftMode, Sampling
@@ -87,6 +89,7 @@ class _Expanded:
     """
 
     probs: torch.Tensor  # [e, V] draft distribution at each expanded node (CPU)
+    scores: np.ndarray | None  # [e, V] float32 C-contiguous, probs = softmax(scores); None off the native path
     counts: np.ndarray  # [e] int64 children to draft for each
     kmax: int  # max(counts), >= 1
     uniform: bool  # every count equals kmax (static and learned trees)
@@ -96,13 +99,20 @@ class _Expanded:
     prob: np.ndarray  # [e] float32 the expanded node's own draft probability
 
 
-def _children(exp: _Expanded, mode: DraftMode, gen: torch.Generator | None, entropy: bool) -> dict[str, np.ndarray]:
+def _children(exp: _Expanded, mode: DraftMode, gen: torch.Generator | None, entropy: bool,
+              native: Any | None = None) -> dict[str, np.ndarray]:
     """Children of each expanded node: top-k (or i.i.d. samples), ``counts[i]`` for row i.
 
     ``entropy=False`` leaves ``draft_entropy`` NaN: a full pass over the vocabulary that only learned
-    policies and node logs read.
+    policies and node logs read. ``native``: the compiled top-k path (``children.kernel()``), taken when the
+    level has its scores; the same columns as the numpy path below.
     """
     probs = exp.probs  # [e, V] on the CPU
+    if native is not None and exp.scores is not None and mode == "topk":
+        k = min(max(exp.kmax, 2), probs.shape[-1])
+        ints, floats = native(probs.numpy(), exp.scores, exp.counts, exp.cand_idx, exp.path_lp, exp.prob, k,
+                              entropy)
+        return {**dict(zip(INT_COLUMNS, ints, strict=True)), **dict(zip(FLOAT_COLUMNS, floats, strict=True))}
     e, kmax = probs.shape[0], exp.kmax
     top = torch.topk(probs, min(max(kmax, 2), probs.shape[-1]), dim=-1)  # children (top-k mode) and the margin
     values = top.values.numpy()
@@ -183,6 +193,9 @@ class Drafter:
         self.sampling, self.mode, self.vocab, self.gen = sampling, mode, vocab, gen
         self.device = seq.device
         self.on_cpu = self.device.type == "cpu"  # skip no-op moves: each is a dispatch after a forward
+        # The native children path needs the scores on the CPU; it does not draw samples.
+        self.native = kernel() if self.on_cpu and mode == "topk" and vocab >= 2 else None
+        self.expand, self.tree = expander(), tree_builder()
         self.levels: list[dict[str, np.ndarray]] = []
         self.prob_parts: list[tuple[np.ndarray, torch.Tensor]] = []  # per forward: candidates, [e, V] probs
         self.fed_anc = np.zeros((32, 32), dtype=bool)  # [cap, cap] ancestry among fed slots, the first n_fed used
@@ -203,10 +216,14 @@ class Drafter:
             exp = yield from self._level(exp, depth)
         return self._result()
 
-    def _probs(self, logits: torch.Tensor) -> torch.Tensor:
+    def _probs(self, logits: torch.Tensor) -> tuple[torch.Tensor, np.ndarray | None]:
+        """[e, V] draft probabilities on the CPU, and their scores when the native children path reads them."""
         self.forwards += 1
-        probs = self.sampling.probs(_fit_vocab(logits, self.vocab))
-        return probs if probs.is_cpu else probs.cpu()
+        scores = self.sampling.scores(_fit_vocab(logits, self.vocab))
+        probs = torch.softmax(scores, dim=-1)
+        if self.native is None:
+            return (probs if probs.is_cpu else probs.cpu()), None
+        return probs, np.ascontiguousarray(scores.numpy())
 
     def _plan(self, frontier: Frontier) -> LevelPlan:
         t0 = time.perf_counter()
@@ -221,60 +238,48 @@ class Drafter:
 
     def _root(self) -> Generator[Feed, torch.Tensor, _Expanded | None]:
         """Ask the policy first; only if it wants children, run forward 0 over the uncached committed tokens."""
-        root = {"tokens": self.seq[-1:].cpu().numpy(), **_ROOT}
-        counts = np.maximum(self._plan(self._frontier(0, root)).children[:1], 0).astype(np.int64)
-        if int(counts[0]) == 0:
+        last = self.seq.numpy()[-1:] if self.on_cpu else self.seq[-1:].cpu().numpy()  # a view: no torch op on the CPU
+        k = max(int(self._plan(self._frontier(0, {"tokens": last, **_ROOT})).children[0]), 0)
+        if k == 0:
             return None  # plain step: the draft cache catches up on a later step
+        counts = np.array([k])
         c = self.seq.numel() - self.cached
         chain = _chain(c)
         pos = torch.arange(self.cached, self.seq.numel(), device=self.device)
-        probs = self._probs((yield Feed(self.seq[self.cached:], pos, chain, commit=c, keep=1, causal=True)))  # [1, V]
+        probs, scores = self._probs((yield Feed(self.seq[self.cached:], pos, chain, commit=c, keep=1, causal=True)))
         minus, zero, one = _ROOT["parent"], _ROOT["path_logprob"], _ROOT["parent_draft_prob"]
         self.prob_parts.append((minus, probs))
-        return _Expanded(probs, counts, int(counts[0]), True, minus, minus, zero, one)
+        return _Expanded(probs, scores, counts, k, True, minus, minus, zero, one)
 
     def _level(self, exp: _Expanded, depth: int) -> Generator[Feed, torch.Tensor, _Expanded | None]:
-        """Draft the children of ``exp``, let the policy prune them, and expand the chosen ones."""
-        level = _children(exp, self.mode, self.gen, self.ctx.entropy)
+        """Draft the children of ``exp``, let the policy prune them, and feed the ones it expands in one draft
+        forward: each sees the committed prefix and its ancestors."""
+        level = _children(exp, self.mode, self.gen, self.ctx.entropy, self.native)
         plan = self._plan(self._frontier(depth, level))
-        keep = plan.keep.astype(bool)  # a copy: the policy's array stays its own
-        m = keep.shape[0]
-        self.n_kept += int(keep.sum())
-        level["keep"], level["depth"], level["fed_slot"] = keep, np.full(m, depth), np.full(m, -1)
-        self.levels.append(level)
-        counts = np.where(keep, np.maximum(plan.children, 0), 0).astype(np.int64)
-        rows = np.flatnonzero(counts)
-        start = self.offset
-        self.offset += m
-        if rows.shape[0] == 0:
-            return None
-        return (yield from self._feed(exp, level, rows, counts[rows], start, depth))
-
-    def _feed(self, exp: _Expanded, level: dict[str, np.ndarray], rows: np.ndarray, counts: np.ndarray,
-              start: int, depth: int) -> Generator[Feed, torch.Tensor, _Expanded]:
-        """One draft forward over the ``rows`` of this level: each sees the committed prefix and its ancestors."""
-        parent_slot = exp.fed_slot[level["row"][rows]]
-        f, e = self.n_fed, rows.shape[0]
-        if f + e > self.fed_anc.shape[0]:
-            grown = np.zeros((2 * (f + e), 2 * (f + e)), dtype=bool)
+        f, m = self.n_fed, level["tokens"].shape[0]
+        if f + m > self.fed_anc.shape[0]:
+            grown = np.zeros((2 * (f + m), 2 * (f + m)), dtype=bool)
             grown[:f, :f] = self.fed_anc[:f, :f]
             self.fed_anc = grown
-        anc = self.fed_anc[f:f + e, :f + e]  # [e, f + e] rows of the new slots (zero so far)
-        has_parent = parent_slot >= 0
-        anc[has_parent] = self.fed_anc[parent_slot[has_parent], :f + e]  # the parent's ancestry (zero beyond f)
-        anc[np.arange(e), f + np.arange(e)] = True
+        keep, level["depth"], fed, rows, counts, tokens, anc, kept, kmax, uniform = self.expand(
+            plan.keep, plan.children, level["row"], level["tokens"], exp.fed_slot, self.fed_anc, f, depth)
+        level["keep"], level["fed_slot"] = keep, fed
+        self.levels.append(level)
+        self.n_kept += kept
+        start = self.offset
+        self.offset += m
+        e = rows.shape[0]
+        if e == 0:
+            return None
         self.n_fed = f + e
         pos = torch.full((e,), self.seq.numel() - 1 + depth, device=self.device)
-        tokens = torch.from_numpy(level["tokens"][rows])
-        tokens = tokens if self.on_cpu else tokens.to(self.device)
-        probs = self._probs((yield Feed(tokens, pos, torch.from_numpy(anc.copy()))))  # [e, V]
-        slots = np.arange(f, f + e)
-        level["fed_slot"][rows] = slots
-        self.prob_parts.append((rows + start, probs))
+        feed = torch.from_numpy(tokens)
+        probs, scores = self._probs((yield Feed(feed if self.on_cpu else feed.to(self.device), pos,
+                                                torch.from_numpy(anc))))  # [e, V]
+        cand = rows + start
+        self.prob_parts.append((cand, probs))
         prob = torch.from_numpy(level["draft_logprob"][rows]).exp().numpy()  # torch's exp, as node logs have it
-        c = counts.tolist()  # a dozen ints: Python's max/min beat two numpy reductions
-        kmax = max(c)
-        return _Expanded(probs, counts, kmax, min(c) == kmax, rows + start, slots, level["path_logprob"][rows], prob)
+        return _Expanded(probs, scores, counts, kmax, uniform, cand, fed[rows], level["path_logprob"][rows], prob)
 
     def _result(self) -> DraftResult:
         """Apply the policy's final selection, keep the tree connected, and index it."""
@@ -286,34 +291,20 @@ class Drafter:
                                self.policy_s, self.forwards)
         cols = _stack(self.levels)
         keep, fed = cols.pop("keep"), cols.pop("fed_slot")
-        parent, has_parent = cols["parent"], cols["parent"] >= 0
-        tree_index = _tree_index(keep)
-        cands = Candidates({**cols, "tree_index": tree_index})
+        root = int(self.seq[-1])
+        arrays = self.tree(keep, cols["parent"], cols["tokens"], fed, root)
+        cands = Candidates({**cols, "tree_index": arrays[0]})
         t0 = time.perf_counter()
         final = self.policy.finalize(cands)
         self.policy_s += time.perf_counter() - t0
         if final is not None:  # plan() only expands kept nodes: only a final selection can orphan one
-            keep = keep & final.bool().numpy()
-            depth = cols["depth"]
-            for d in range(2, len(self.levels) + 1):  # parents come first: one pass per depth closes the tree
-                at = depth == d
-                keep[at] &= keep[np.maximum(parent[at], 0)] | ~has_parent[at]
-            tree_index = _tree_index(keep)
-            cands = cands.with_tree_index(tree_index)
-        parent_tree = np.where(has_parent, tree_index[np.maximum(parent, 0)], 0)
-        tree = DraftTree.from_parents(torch.from_numpy(np.concatenate([[-1], parent_tree[keep]])),
-                                      np.concatenate([self.seq[-1:].cpu().numpy(), cols["tokens"][keep]]))
-        probs = DraftProbs(self.prob_parts, tree_index)
-        fed_slot = torch.from_numpy(np.concatenate([[-1], fed[keep]]))
-        return DraftResult(tree, cands, probs, fed_slot, 0.0, self.policy_s, self.forwards)
-
-
-def _tree_index(keep: np.ndarray) -> np.ndarray:
-    """[m] int64: each kept candidate's index in the tree (1, 2, ... in candidate order; the root is 0), -1
-    for the rest."""
-    index = np.full(keep.shape[0], -1, dtype=np.int64)
-    index[keep] = np.arange(1, int(keep.sum()) + 1)
-    return index
+            arrays = self.tree(keep & final.bool().numpy(), cols["parent"], cols["tokens"], fed, root)
+            cands = cands.with_tree_index(arrays[0])
+        tree_index, parents, tokens, depth, anc, fed_slot = arrays
+        tree = DraftTree(tokens=torch.from_numpy(tokens), parents=torch.from_numpy(parents),
+                         depth=torch.from_numpy(depth), ancestor_mask=torch.from_numpy(anc))
+        return DraftResult(tree, cands, DraftProbs(self.prob_parts, tree_index), torch.from_numpy(fed_slot), 0.0,
+                           self.policy_s, self.forwards)
 
 
 def draft_tree(model: PreTrainedModel, cache: DynamicCache | ArenaCache, seq: torch.Tensor, policy: TreePolicy,

@@ -49,8 +49,9 @@ class Sampling:
     def greedy(self) -> bool:
         return self.temperature == 0
 
-    def probs(self, logits: torch.Tensor) -> torch.Tensor:
-        """[n, V] float32 probabilities: softmax at T=1 when greedy, else HF's warpers in generate's order."""
+    def scores(self, logits: torch.Tensor) -> torch.Tensor:
+        """[n, V] float32 warped logits: the logits when greedy, else HF's warpers in generate's order (cut
+        tokens at -inf)."""
         scores = logits.float()
         if not self.greedy:
             scores = TemperatureLogitsWarper(self.temperature)(None, scores)
@@ -58,7 +59,11 @@ class Sampling:
                 scores = TopKLogitsWarper(self.top_k)(None, scores)
             if self.top_p is not None and self.top_p < 1:
                 scores = TopPLogitsWarper(self.top_p)(None, scores)
-        return torch.softmax(scores, dim=-1)
+        return scores
+
+    def probs(self, logits: torch.Tensor) -> torch.Tensor:
+        """[n, V] float32 probabilities: softmax of ``scores`` (at T=1 when greedy)."""
+        return torch.softmax(self.scores(logits), dim=-1)
 
 
 @dataclass(frozen=True)
