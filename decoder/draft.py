@@ -80,7 +80,7 @@ class DraftContext:
     entropy: bool = True  # compute draft entropies (read by learned policies and node logs only)
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # not frozen: a frozen init sets each of its fields through object.__setattr__
 class _Expanded:
     """The nodes expanded at the previous depth: their distributions and bookkeeping.
 
@@ -229,7 +229,7 @@ class Drafter:
         t0 = time.perf_counter()
         plan = self.policy.plan(frontier)
         if frontier.depth >= self.ctx.max_depth:
-            plan = replace(plan, children=np.zeros_like(plan.children))
+            plan = LevelPlan.of_arrays(plan.keep, np.zeros_like(plan.children))
         self.policy_s += time.perf_counter() - t0
         return plan
 
@@ -261,12 +261,12 @@ class Drafter:
             grown = np.zeros((2 * (f + m), 2 * (f + m)), dtype=bool)
             grown[:f, :f] = self.fed_anc[:f, :f]
             self.fed_anc = grown
-        keep, level["depth"], fed, rows, counts, tokens, anc, kept, kmax, uniform = self.expand(
-            plan.keep, plan.children, level["row"], level["tokens"], exp.fed_slot, self.fed_anc, f, depth)
-        level["keep"], level["fed_slot"] = keep, fed
+        keep, level["depth"], level["fed_slot"], rows, counts, tokens, anc, cand, slots, path_lp, prob, kept, kmax, \
+            uniform = self.expand(plan.keep, plan.children, level["row"], level["tokens"], level["draft_logprob"],
+                                  level["path_logprob"], exp.fed_slot, self.fed_anc, f, depth, self.offset)
+        level["keep"] = keep
         self.levels.append(level)
         self.n_kept += kept
-        start = self.offset
         self.offset += m
         e = rows.shape[0]
         if e == 0:
@@ -276,10 +276,8 @@ class Drafter:
         feed = torch.from_numpy(tokens)
         probs, scores = self._probs((yield Feed(feed if self.on_cpu else feed.to(self.device), pos,
                                                 torch.from_numpy(anc))))  # [e, V]
-        cand = rows + start
         self.prob_parts.append((cand, probs))
-        prob = torch.from_numpy(level["draft_logprob"][rows]).exp().numpy()  # torch's exp, as node logs have it
-        return _Expanded(probs, scores, counts, kmax, uniform, cand, fed[rows], level["path_logprob"][rows], prob)
+        return _Expanded(probs, scores, counts, kmax, uniform, cand, slots, path_lp, prob)
 
     def _result(self) -> DraftResult:
         """Apply the policy's final selection, keep the tree connected, and index it."""

@@ -42,7 +42,8 @@ def expander() -> Any:
 
 
 def expand(keep_in: np.ndarray, children_in: np.ndarray, level_row: np.ndarray, tokens: np.ndarray,
-           parent_slot: np.ndarray, fed_anc: np.ndarray, f: int, depth: int) -> tuple[Any, ...]:
+           logprob: np.ndarray, path_lp: np.ndarray, parent_slot: np.ndarray, fed_anc: np.ndarray, f: int,
+           depth: int, start: int) -> tuple[Any, ...]:
     """One level's bookkeeping after the policy's plan ``keep_in`` / ``children_in`` [m] over its candidates.
 
     ``level_row`` [m]: each candidate's parent row among the expanded nodes, whose draft-cache slots are
@@ -50,7 +51,9 @@ def expand(keep_in: np.ndarray, children_in: np.ndarray, level_row: np.ndarray, 
     into which the rows of this level's fed nodes are written. Returns, in order: keep [m] bool, the depth
     column [m], the fed slot column [m] (-1: not fed), then for the e expanded candidates (kept, children > 0)
     their rows [e], children counts [e], tokens [e] and visibility [e, f + e] (the fed slots each sees, itself
-    included), then the kept count, the largest count and whether every count equals it.
+    included), their candidate indices in the step [e] (``start`` + row), fed slots [e], path log probabilities
+    [e] and own draft probabilities [e] (exp of ``logprob``), then the kept count, the largest count and
+    whether every count equals it.
     """
     m = keep_in.shape[0]
     keep = np.empty(m, np.bool_)
@@ -64,12 +67,15 @@ def expand(keep_in: np.ndarray, children_in: np.ndarray, level_row: np.ndarray, 
             if children_in[i] > 0:
                 e += 1
     rows, counts, feed = np.empty(e, np.int64), np.empty(e, np.int64), np.empty(e, np.int64)
+    cand, slots = np.empty(e, np.int64), np.empty(e, np.int64)
+    lp, prob = np.empty(e, np.float32), np.empty(e, np.float32)
     anc = np.zeros((e, f + e), np.bool_)
     j, kmax, kmin = 0, 0, 1 << 30
     for i in range(m):
         c = int(children_in[i])
         if keep[i] and c > 0:
             rows[j], counts[j], feed[j] = i, c, tokens[i]
+            cand[j], slots[j], lp[j], prob[j] = start + i, f + j, path_lp[i], np.exp(logprob[i])
             kmax, kmin = max(kmax, c), min(kmin, c)
             ps = parent_slot[level_row[i]]
             if ps >= 0:
@@ -78,7 +84,7 @@ def expand(keep_in: np.ndarray, children_in: np.ndarray, level_row: np.ndarray, 
             fed[i] = f + j
             j += 1
     fed_anc[f:f + e, :f + e] = anc
-    return keep, depth_col, fed, rows, counts, feed, anc, kept, kmax, kmin == kmax
+    return keep, depth_col, fed, rows, counts, feed, anc, cand, slots, lp, prob, kept, kmax, kmin == kmax
 
 
 def tree_arrays(keep: np.ndarray, parent: np.ndarray, tokens: np.ndarray, fed: np.ndarray,

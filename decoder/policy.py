@@ -202,8 +202,8 @@ class LevelPlan:
 
     @classmethod
     def uniform(cls, m: int, children: int, keep: np.ndarray | torch.Tensor | None = None) -> LevelPlan:
-        if keep is None:
-            return cls(keep=np.ones(m, dtype=bool), children=np.full(m, children, dtype=np.int64))
+        if keep is None:  # numpy arrays already: no conversion to check (a static tree plans every level)
+            return cls.of_arrays(np.ones(m, dtype=bool), np.full(m, children, dtype=np.int64))
         kept = _numpy(keep).astype(bool, copy=False)
         return cls(keep=kept, children=np.where(kept, children, 0))
 

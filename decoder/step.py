@@ -148,8 +148,10 @@ class StepCore:
         """The committed tokens not yet in the target cache (a causal chain), then the tree under its mask."""
         root_pos = req.seq.numel() - 1
         if cached == root_pos:  # every step but the first: only the tree is new
-            return Feed(tree.tokens.to(self.device), tree.position_ids(root_pos).to(self.device), tree.ancestor_mask,
-                        keep=tree.size, causal=tree.size == 1)
+            tokens, pos = tree.tokens, tree.position_ids(root_pos)
+            if self.device.type != "cpu":  # a no-op move still costs a dispatch on the CPU
+                tokens, pos = tokens.to(self.device), pos.to(self.device)
+            return Feed(tokens, pos, tree.ancestor_mask, keep=tree.size, causal=tree.size == 1)
         chain = req.seq[cached:-1]  # committed tokens before the root not yet in the cache
         c = chain.numel()
         pos = torch.cat([torch.arange(cached, cached + c, device=self.device),

@@ -67,24 +67,30 @@ def _plan_case(seed: int) -> tuple:
     children = np.where(rng.random(m) < 0.6, rng.integers(1, 4, m), 0)
     level_row = np.sort(rng.integers(0, e_prev, m))
     tokens = rng.integers(0, 100, m)
+    logprob, path_lp = np.log(rng.random(m)).astype(np.float32), -rng.random(m).astype(np.float32)
     parent_slot = np.array([-1, 2, 4])
-    return keep, children, level_row, tokens, parent_slot, fed_anc, f, 2
+    return keep, children, level_row, tokens, logprob, path_lp, parent_slot, fed_anc, f, 2, 10
 
 
 @pytest.mark.parametrize("seed", range(6))
 def test_expand_compiled_equals_plain_python_and_its_meaning(seed: int) -> None:
-    keep, children, level_row, tokens, parent_slot, fed_anc, f, depth = _plan_case(seed)
+    keep, children, level_row, tokens, logprob, path_lp, parent_slot, fed_anc, f, depth, start = _plan_case(seed)
     plain_anc, compiled_anc = fed_anc.copy(), fed_anc.copy()
-    plain = expand(keep, children, level_row, tokens, parent_slot, plain_anc, f, depth)
-    compiled = expander()(keep, children, level_row, tokens, parent_slot, compiled_anc, f, depth)
+    plain = expand(keep, children, level_row, tokens, logprob, path_lp, parent_slot, plain_anc, f, depth, start)
+    compiled = expander()(keep, children, level_row, tokens, logprob, path_lp, parent_slot, compiled_anc, f, depth,
+                          start)
     for a, b in zip(plain, compiled, strict=True):
-        np.testing.assert_array_equal(a, b)
+        np.testing.assert_allclose(a, b, rtol=1e-6)  # exp: numba and numpy may differ by an ulp
     np.testing.assert_array_equal(plain_anc, compiled_anc)
-    kept, depth_col, fed, rows, counts, feed, anc, n_kept, kmax, uniform = plain
+    kept, depth_col, fed, rows, counts, feed, anc, cand, slots, lp, prob, n_kept, kmax, uniform = plain
     expanded = np.flatnonzero(keep & (children > 0))
     np.testing.assert_array_equal(rows, expanded)
     np.testing.assert_array_equal(counts, children[expanded])
     np.testing.assert_array_equal(feed, tokens[expanded])
+    np.testing.assert_array_equal(cand, start + expanded)
+    np.testing.assert_array_equal(slots, f + np.arange(len(expanded)))
+    np.testing.assert_array_equal(lp, path_lp[expanded])
+    np.testing.assert_allclose(prob, np.exp(logprob[expanded]), rtol=1e-6)
     assert n_kept == keep.sum() and (depth_col == depth).all() and kept.dtype == np.bool_
     np.testing.assert_array_equal(fed[expanded], f + np.arange(len(expanded)))
     assert (fed[np.setdiff1d(np.arange(len(keep)), expanded)] == -1).all()
