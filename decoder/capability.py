@@ -61,6 +61,8 @@ class AttentionLayout:
         ``visible_new`` [q, t] says which uncached slots each query sees; ``positions`` [t] are those
         slots' position ids (see ``tree_attention_mask``).
         """
+        if len(self.kinds) == 1 and self.kinds[0] == FULL:  # the common case: one mask, no window
+            return tree_attention_mask(visible_new, past_len, dtype, positions)
         masks = {kind: tree_attention_mask(visible_new, past_len, dtype, positions,
                                            self.window if kind == SLIDING else None) for kind in self.kinds}
         if len(masks) == 1:

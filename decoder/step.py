@@ -123,7 +123,7 @@ class StepCore:
         if run.stream is not None:
             run.stream(emitted)
         on_path = set(acc.path)
-        tried = sum(1 for parent in dr.tree.parents[1:].tolist() if parent in on_path)
+        tried = sum(1 for parent in dr.tree.parents.tolist()[1:] if parent in on_path)  # no torch slice op
         run.policy.observe(StepOutcome(ctx.step, dr.tree.size - 1, acc.accepted, tried, tuple(acc.path[1:])))
         req.tried, req.accepted, req.prev_accepted = req.tried + tried, req.accepted + acc.accepted, acc.accepted
         return emitted, rows
