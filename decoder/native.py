@@ -31,14 +31,19 @@ INT_COLUMNS = ("tokens", "parent", "row", "sibling_rank")
 FLOAT_COLUMNS = ("draft_logprob", "draft_entropy", "draft_margin", "path_logprob", "parent_draft_prob")
 
 
-@functools.cache
-def expander() -> Any:
-    """``expand``, compiled when numba imports (one call instead of ~25 numpy ones a level), else as written."""
+def _compiled(fn: Any) -> Any:
+    """``fn`` compiled by numba when it imports, else ``fn`` as written (the same source either way)."""
     try:
         import numba
     except ImportError:
-        return expand
-    return numba.njit(cache=True, nogil=True)(expand)
+        return fn
+    return numba.njit(cache=True, nogil=True)(fn)
+
+
+@functools.cache
+def expander() -> Any:
+    """``expand``, compiled where numba imports: one call instead of ~25 numpy ones a level."""
+    return _compiled(expand)
 
 
 def expand(keep_in: np.ndarray, children_in: np.ndarray, level_row: np.ndarray, tokens: np.ndarray,
@@ -119,12 +124,8 @@ def tree_arrays(keep: np.ndarray, parent: np.ndarray, tokens: np.ndarray, fed: n
 
 @functools.cache
 def tree_builder() -> Any:
-    """``tree_arrays``, compiled when numba imports, else as written."""
-    try:
-        import numba
-    except ImportError:
-        return tree_arrays
-    return numba.njit(cache=True, nogil=True)(tree_arrays)
+    """``tree_arrays``, compiled where numba imports."""
+    return _compiled(tree_arrays)
 
 
 @functools.cache
