@@ -104,7 +104,7 @@ def _children(exp: _Expanded, mode: DraftMode, gen: torch.Generator | None, entr
     """Children of each expanded node: top-k (or i.i.d. samples), ``counts[i]`` for row i.
 
     ``entropy=False`` leaves ``draft_entropy`` NaN: a full pass over the vocabulary that only learned
-    policies and node logs read. ``native``: the compiled top-k path (``children.kernel()``), taken when the
+    policies and node logs read. ``native``: the compiled top-k path (``native.kernel()``), taken when the
     level has its scores; the same columns as the numpy path below.
     """
     probs = exp.probs  # [e, V] on the CPU

@@ -1,5 +1,6 @@
-"""A level's drafting work in two native calls: its children (top-k, margin, entropy and the candidate columns),
-then, once the policy has planned, its bookkeeping (what is kept, what is fed next and what each fed node sees).
+"""A draft level's work in native calls: its children (top-k, margin, entropy and the candidate columns), then,
+once the policy has planned, its bookkeeping (what is kept, what is fed next and what each fed node sees); and,
+once a step, the step's tree from its candidates.
 
 In numpy the children of a level cost ~100 us on this CPU right after a draft forward (docs/performance.md):
 ``torch.topk``, a pass of logarithms over [e, V] for the entropies, then a dozen small array ops for the
@@ -13,8 +14,8 @@ A row with a -inf score (a top-k or top-p cut, a padded vocabulary) makes the do
 direct sum over its nonzero probabilities instead.
 
 ``children`` is an accelerator, not a second rule: ``decoder.draft`` takes it for top-k drafting on the CPU when
-numba imports, and ``tests/decoder/test_native.py`` holds it to the numpy path's columns. ``expand`` has one
-source: numba compiles it, or it runs as plain Python where numba is missing.
+numba imports, and ``tests/decoder/test_native.py`` holds it to the numpy path's columns. ``expand`` and
+``tree_arrays`` have one source each: numba compiles it, or it runs as plain Python where numba is missing.
 """
 
 from __future__ import annotations
