@@ -57,12 +57,27 @@ def bench_tables(result: BenchResult, per_domain: bool = True) -> list[Table]:
     return tables
 
 
+def ranking_table(result: BenchResult) -> Table:
+    """Every row against the fastest, paired prompt by prompt; the rows the bench cannot tell apart come first."""
+    fastest = [r.row for r in result.ranking if r.tied]
+    t = Table(title="fastest: " + " = ".join(fastest) + (" (tied: 95% intervals reach 1)" if len(fastest) > 1 else ""))
+    for col in ("row", "policy", "tokens/s (pooled)", "vs fastest", "95% interval", ""):
+        t.add_column(col, justify="left" if col in ("row", "policy", "") else "right")
+    for r in result.ranking:
+        lo, hi = r.ci95
+        t.add_row(r.row, r.policy, f"{r.tokens_per_s:.1f}", f"{r.vs_fastest:.3f}x", f"{lo:.3f}-{hi:.3f}",
+                  "[green]tied[/green]" if r.tied else "")
+    return t
+
+
 def print_bench(result: BenchResult, console: Console | None = None) -> None:
     console = console or Console()
     for t in bench_tables(result):
         console.print(t)
     for row, why in result.skipped.items():
         console.print(f"[yellow]skipped {row}:[/yellow] {why}")
+    if result.ranking:
+        console.print(ranking_table(result))
     for p in result.paired:
         lo, hi = p.ci95
         console.print(f"{p.a} vs {p.b}: {p.ratio:.3f}x tokens/s (95% bootstrap interval over {p.prompts} prompts: "

@@ -57,6 +57,17 @@ class PairedRatio(BaseModel):
     prompts: int
 
 
+class Ranked(BaseModel):
+    """One row against the run's fastest row, prompt by prompt: is its place in the ranking real?"""
+
+    row: str
+    policy: str  # the policy its spec names ("learned" for learned:online=false); plain and HF: the row's name
+    tokens_per_s: float  # pooled over every prompt and repeat (what the paired ratio divides)
+    vs_fastest: float  # this row's tokens/s over the fastest row's, pooled (``paired_ratio``); 1 for the fastest
+    ci95: tuple[float, float]  # 95 % bootstrap interval over prompts of ``vs_fastest``
+    tied: bool  # the interval reaches 1: the bench cannot tell this row from the fastest
+
+
 class RowResult(Metrics):
     spec: str | None = None
     per_domain: dict[str, Metrics] = Field(default_factory=dict)
@@ -67,6 +78,8 @@ class BenchResult(BaseModel):
     policies: dict[str, RowResult]
     skipped: dict[str, str] = Field(default_factory=dict)  # row -> why it could not run (e.g. no predictor)
     paired: list[PairedRatio] = Field(default_factory=list)  # the config's pairs whose rows both ran
+    # Every row, fastest first, each paired against the fastest (``rank_rows``); empty in results from before it.
+    ranking: list[Ranked] = Field(default_factory=list)
     environment: dict[str, str]
     wall_s: float
 
@@ -208,5 +221,27 @@ def summarize(runs: _Runs, specs: dict[str, str], prompts: list[Prompt], cfg: Be
             paired.append(PairedRatio(a=a, b=b, ratio=ratio, ci95=ci, prompts=len(ids)))
     env = {"torch": torch.__version__, "transformers": transformers.__version__, "python": platform.python_version(),
            "threads": str(torch.get_num_threads()), "machine": platform.machine(), "processor": platform.processor()}
+    ranking = rank_rows({name: _per_prompt(runs, key, ids) for name, key in chosen.items()},
+                        {name: specs.get(key) for name, key in chosen.items()})
     return BenchResult(config=cfg, policies=rows, environment=env, wall_s=wall_s, skipped=skipped or {},
-                       paired=paired)
+                       paired=paired, ranking=ranking)
+
+
+def rank_rows(per_prompt: dict[str, tuple[np.ndarray, np.ndarray]], specs: dict[str, str | None]) -> list[Ranked]:
+    """Rows fastest first by pooled tokens/s, each paired against the fastest over the same prompts.
+
+    ``per_prompt``: row -> ([n] tokens, [n] seconds), the same prompts in the same order for every row. A row
+    whose interval reaches 1 is ``tied`` with the fastest: "the fastest row" is then a set, and a report says so
+    instead of crowning whichever row the noise put first."""
+    pooled = {row: float(t.sum() / s.sum()) for row, (t, s) in per_prompt.items()}
+    order = sorted(pooled, key=pooled.__getitem__, reverse=True)
+    if not order:
+        return []
+    top = per_prompt[order[0]]
+    ranked = []
+    for row in order:
+        ratio, ci = (1.0, (1.0, 1.0)) if row == order[0] else paired_ratio(*per_prompt[row], *top)
+        spec = specs.get(row)
+        ranked.append(Ranked(row=row, policy=spec.split(":", 1)[0] if spec else row, tokens_per_s=pooled[row],
+                             vs_fastest=ratio, ci95=ci, tied=ci[1] >= 1.0))
+    return ranked

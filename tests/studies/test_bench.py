@@ -31,6 +31,13 @@ def test_bench_cli_json(tiny_pair_dir, tmp_path) -> None:
     assert [(p["a"], p["b"]) for p in data["paired"]] == [("static", "chain")]
     assert data["paired"][0]["ci95"][0] <= data["paired"][0]["ci95"][1] and data["paired"][0]["prompts"] >= 1
     assert data["policies"]["static"]["spec"].startswith("static:")
+    ranking = data["ranking"]  # every row once, fastest first, each against the fastest
+    assert sorted(r["row"] for r in ranking) == sorted(rows)
+    assert [r["tokens_per_s"] for r in ranking] == sorted((r["tokens_per_s"] for r in ranking), reverse=True)
+    assert ranking[0]["vs_fastest"] == 1.0 and ranking[0]["tied"]
+    assert {r["row"]: r["policy"] for r in ranking}["wide"] == "static"  # the policy its spec names
+    assert all(r["ci95"][0] <= r["ci95"][1] for r in ranking)
+    assert "fastest:" in res.output
     assert "hf_assisted" in res.output and "treewise bench" in res.output
 
 

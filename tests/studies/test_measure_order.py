@@ -7,7 +7,7 @@ from itertools import pairwise
 import numpy as np
 import pytest
 
-from studies.shared.measure import measure, paired_ratio, row_order
+from studies.shared.measure import measure, paired_ratio, rank_rows, row_order
 from studies.shared.suites import Prompt
 
 
@@ -52,3 +52,26 @@ def test_paired_ratio_pools_prompts_and_brackets_the_ratio() -> None:
     pooled = slow.sum() / (slow * noise).sum()
     assert ratio == pytest.approx(pooled) and lo < ratio < hi and hi - lo < 0.1
     assert paired_ratio(tokens, slow, tokens, slow, seed=3) == paired_ratio(tokens, slow, tokens, slow, seed=3)
+
+
+def test_rank_rows_ties_only_what_the_interval_cannot_separate() -> None:
+    """Rows fastest first; a row within noise of the fastest is tied with it, a clearly slower one is not, and
+    which of two tied rows comes first is just their pooled figure."""
+    rng = np.random.default_rng(4)
+    tokens, base = np.full(60, 64.0), rng.uniform(0.5, 2.0, 60)  # per-prompt seconds differ a lot
+    rows = {
+        "fast": (tokens, base * rng.normal(1.0, 0.05, 60)),
+        "twin": (tokens, base * rng.normal(1.0, 0.05, 60)),  # the same speed, other noise
+        "slow": (tokens, base * 1.25 * rng.normal(1.0, 0.05, 60)),
+        "plain": (tokens, base * 2.0),
+    }
+    ranked = rank_rows(rows, {"fast": "learned", "twin": "learned:online=false", "slow": "static:width=2"})
+    assert [r.row for r in ranked][2:] == ["slow", "plain"]
+    top, second = ranked[0], ranked[1]
+    assert {top.row, second.row} == {"fast", "twin"} and top.vs_fastest == 1.0 and top.tied
+    assert second.tied and second.ci95[0] < 1.0 <= second.ci95[1]
+    slow = ranked[2]
+    assert not slow.tied and slow.ci95[1] < 1.0 and slow.vs_fastest == pytest.approx(0.8, abs=0.03)
+    assert [r.policy for r in ranked] == ["learned", "learned", "static", "plain"]
+    assert ranked[3].vs_fastest == pytest.approx(rows[top.row][1].sum() / rows["plain"][1].sum())
+    assert rank_rows({}, {}) == []
