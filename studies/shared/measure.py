@@ -214,15 +214,15 @@ def summarize(runs: _Runs, specs: dict[str, str], prompts: list[Prompt], cfg: Be
         if name not in rows or cand.tokens_per_s > rows[name].tokens_per_s:
             rows[name], chosen[name] = cand, key  # a multi-candidate row keeps its fastest candidate
     ids = [p.id for p in prompts]
+    per_prompt = {name: _per_prompt(runs, key, ids) for name, key in chosen.items()}  # what pairs and ranking read
     paired = []
     for a, b in cfg.pairs:
         if a in chosen and b in chosen:
-            ratio, ci = paired_ratio(*_per_prompt(runs, chosen[a], ids), *_per_prompt(runs, chosen[b], ids))
+            ratio, ci = paired_ratio(*per_prompt[a], *per_prompt[b])
             paired.append(PairedRatio(a=a, b=b, ratio=ratio, ci95=ci, prompts=len(ids)))
     env = {"torch": torch.__version__, "transformers": transformers.__version__, "python": platform.python_version(),
            "threads": str(torch.get_num_threads()), "machine": platform.machine(), "processor": platform.processor()}
-    ranking = rank_rows({name: _per_prompt(runs, key, ids) for name, key in chosen.items()},
-                        {name: specs.get(key) for name, key in chosen.items()})
+    ranking = rank_rows(per_prompt, {name: specs.get(key) for name, key in chosen.items()})
     return BenchResult(config=cfg, policies=rows, environment=env, wall_s=wall_s, skipped=skipped or {},
                        paired=paired, ranking=ranking)
 
