@@ -77,11 +77,6 @@ def _child_estimate(frontier: Frontier) -> float:
     return PRIOR_ACCEPTANCE if rate != rate else max(rate, 1e-3)
 
 
-def _frozen_plan(plan: LevelPlan) -> LevelPlan:
-    plan.keep.flags.writeable = plan.children.flags.writeable = False
-    return plan
-
-
 @dataclass(frozen=True)
 class TriedNodes:
     """One step's tried nodes (verified, their parent accepted): the global prediction of each and whether
@@ -135,7 +130,7 @@ class LearnedTree:
     _draft: list[float] = field(default_factory=list, init=False, repr=False)  # draft ms by fed nodes
     _fused: FusedLevel | None = field(default=None, init=False, repr=False)  # this request's native level
     _roots: tuple[LevelPlan, LevelPlan] = field(  # the root's answers: plain step, draft; set by start
-        default_factory=lambda: (_frozen_plan(LevelPlan.uniform(1, 0)),) * 2, init=False, repr=False)
+        default_factory=lambda: (LevelPlan.uniform(1, 0),) * 2, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.online is not None:
@@ -190,8 +185,9 @@ class LearnedTree:
         lat = self.latency
         self._target = [lat.target_time(n) for n in sizes] if lat is not None else []
         self._draft = [lat.draft_time(n) for n in sizes] if lat is not None else []
-        # The root's two answers, built once: a plain step, or max_width children (read-only: shared by steps).
-        self._roots = (_frozen_plan(LevelPlan.uniform(1, 0)), _frozen_plan(LevelPlan.uniform(1, self.budget.max_width)))
+        # The root's two answers, looked up once: a plain step, or max_width children (LevelPlan.uniform's cached
+        # read-only plans, shared by every step and request).
+        self._roots = (LevelPlan.uniform(1, 0), LevelPlan.uniform(1, self.budget.max_width))
         # The root's rule reads only request constants: the cost of one draft forward and one verified node
         # at a fresh step (gain 1, no nodes), in expected tokens.
         self._gain, self._nodes = 1.0, 0
