@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from decoder import Candidates, Frontier, LevelPlan, RequestInfo, StaticTree, StepOutcome, TreePolicy
+from treewise.decoder import Candidates, Frontier, LevelPlan, RequestInfo, StaticTree, StepOutcome, TreePolicy
 
 from .budgets import BudgetsFile, DomainBudget, load_budgets
 from .guard import PayoffGuard

@@ -13,9 +13,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from decoder import TreewiseError
-from decoder.atomic import write_bytes_atomic
-from decoder.paths import data_dir
+from treewise.decoder import TreewiseError
+from treewise.decoder.atomic import write_bytes_atomic
+from treewise.decoder.paths import data_dir
 
 BUDGETS_FILE = "budgets.json"
 _FORMAT_HINT = 'expected {"version": 1, "default": {...}, "domains": {"<domain>": {...}}, "provenance": {...}}'

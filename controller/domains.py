@@ -22,9 +22,9 @@ from typing import Protocol
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from decoder import TreewiseError
-from decoder.atomic import write_bytes_atomic
-from decoder.paths import data_dir
+from treewise.decoder import TreewiseError
+from treewise.decoder.atomic import write_bytes_atomic
+from treewise.decoder.paths import data_dir
 
 CLASSIFIER_FILE = "domain_classifier.npz"
 FORMAT_VERSION = 1

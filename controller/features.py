@@ -19,9 +19,9 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from decoder import Frontier, TreewiseError
-from decoder.nodelog import NUMPY_TYPES, TOKEN_TYPES
-from predictor.derived import DERIVED_COLUMNS, RequestFeatures
+from treewise.decoder import Frontier, TreewiseError
+from treewise.decoder.nodelog import NUMPY_TYPES, TOKEN_TYPES
+from treewise.predictor.derived import DERIVED_COLUMNS, RequestFeatures
 
 # Frontier columns a predictor may read, by feature name -> ``Frontier.arrays()`` key.
 _ARRAYS: dict[str, str] = {

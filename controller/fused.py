@@ -24,9 +24,9 @@ from typing import Any
 
 import numpy as np
 
-from decoder import Frontier
-from predictor.derived import RequestFeatures
-from predictor.online import OnlineCalibrator, newton
+from treewise.decoder import Frontier
+from treewise.predictor.derived import RequestFeatures
+from treewise.predictor.online import OnlineCalibrator, newton
 
 from .budgets import DomainBudget
 from .features import SPECIAL, STEP_SCALARS, FeatureRows, raw_step_scalars

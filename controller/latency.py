@@ -18,9 +18,9 @@ import torch
 from pydantic import BaseModel, PrivateAttr, ValidationError
 from transformers import PreTrainedModel
 
-from decoder import ArenaCache, TreeDecoder, TreewiseError, tree_attention_mask
-from decoder.atomic import write_bytes_atomic
-from decoder.paths import data_dir
+from treewise.decoder import ArenaCache, TreeDecoder, TreewiseError, tree_attention_mask
+from treewise.decoder.atomic import write_bytes_atomic
+from treewise.decoder.paths import data_dir
 
 SIZES = (1, 2, 4, 8, 16, 32, 64)
 

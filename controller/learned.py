@@ -33,10 +33,10 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 import torch
 
-from decoder import Candidates, Frontier, LevelPlan, RequestInfo, StepOutcome
-from decoder.paths import data_dir
-from predictor.derived import RequestFeatures
-from predictor.online import OnlineCalibrator, OnlineConfig
+from treewise.decoder import Candidates, Frontier, LevelPlan, RequestInfo, StepOutcome
+from treewise.decoder.paths import data_dir
+from treewise.predictor.derived import RequestFeatures
+from treewise.predictor.online import OnlineCalibrator, OnlineConfig
 
 from .budgets import BudgetsFile, DomainBudget, load_budgets
 from .features import FeatureRows
@@ -140,7 +140,7 @@ class LearnedTree:
     def default(cls, latency: LatencyProfile | None = None, online: bool = True, guard: bool = False) -> LearnedTree:
         """The shipped predictor, budgets, domain classifier and latency profile under data/; ``guard=True`` (with
         the latency profile) adds a ``PayoffGuard``."""
-        from predictor import AcceptancePredictor
+        from treewise.predictor import AcceptancePredictor
 
         from .domains import DomainClassifier
 

@@ -8,7 +8,7 @@ from typing import ClassVar
 import numpy as np
 import torch
 
-from decoder import Candidates, Frontier, LevelPlan, RequestInfo, StepOutcome, TreewiseError, top_k_mask
+from treewise.decoder import Candidates, Frontier, LevelPlan, RequestInfo, StepOutcome, TreewiseError, top_k_mask
 
 
 @dataclass

@@ -20,10 +20,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from decoder import Candidates, Frontier, LevelPlan, RequestInfo, StepOutcome
-from decoder.paths import data_dir
-from predictor.derived import RequestFeatures
-from predictor.online import OnlineCalibrator, OnlineConfig
+from treewise.decoder import Candidates, Frontier, LevelPlan, RequestInfo, StepOutcome
+from treewise.decoder.paths import data_dir
+from treewise.predictor.derived import RequestFeatures
+from treewise.predictor.online import OnlineCalibrator, OnlineConfig
 
 from .learned import AcceptanceModel, tried_nodes
 from .policies import ConfidenceTree
@@ -54,7 +54,7 @@ class LearnedRerank:
     def default(cls, budget: int = 32, max_depth: int = 6, top_k: int = 4, online: bool = True,
                 predictor_dir: str | Path | None = None) -> LearnedRerank:
         """The shipped predictor (``data_dir()/predictor`` unless ``predictor_dir`` names another folder)."""
-        from predictor import AcceptancePredictor
+        from treewise.predictor import AcceptancePredictor
 
         model = AcceptancePredictor.load(Path(predictor_dir) if predictor_dir else data_dir() / "predictor")
         return cls(model, budget, max_depth, top_k, OnlineConfig() if online else None)

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from predictor.features import NodeRows
+from treewise.predictor.features import NodeRows
 
 HF_INITIAL_THRESHOLD = 0.4
 HF_MIN_HISTORY = 5

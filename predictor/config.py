@@ -7,8 +7,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from decoder.nodelog import FEATURE_COLUMNS
-from predictor.derived import DERIVED_COLUMNS
+from treewise.decoder.nodelog import FEATURE_COLUMNS
+from treewise.predictor.derived import DERIVED_COLUMNS
 
 LabelKind = Literal["hard", "soft"]
 CalibrationKind = Literal["none", "isotonic"]

@@ -17,9 +17,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from decoder.errors import TreewiseError
-from decoder.nodelog import FEATURE_COLUMNS, SCHEMA_VERSION, TOKEN_TYPES
-from predictor.derived import DERIVED_COLUMNS, derived_columns
+from treewise.decoder.errors import TreewiseError
+from treewise.decoder.nodelog import FEATURE_COLUMNS, SCHEMA_VERSION, TOKEN_TYPES
+from treewise.predictor.derived import DERIVED_COLUMNS, derived_columns
 
 FEATURE_SCHEMA_VERSION = "1"
 # Every column a predictor may use: the node log's pre-verification columns and the derived ones.

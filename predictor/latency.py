@@ -8,10 +8,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from predictor.features import NodeRows
+from treewise.predictor.features import NodeRows
 
 if TYPE_CHECKING:
-    from predictor.model import AcceptancePredictor
+    from treewise.predictor.model import AcceptancePredictor
 
 
 @dataclass(frozen=True)

@@ -13,13 +13,13 @@ import numpy as np
 import pyarrow as pa
 from pydantic import ValidationError
 
-from decoder.atomic import atomic_dir, recover_dir
-from decoder.errors import TreewiseError
-from decoder.nodelog import SCHEMA_VERSION
-from predictor.calibration import IsotonicCalibrator, fit_isotonic
-from predictor.compiled import CompiledForest, CompileError, compile_forest, resolve_backend
-from predictor.config import PredictorConfig
-from predictor.features import (
+from treewise.decoder.atomic import atomic_dir, recover_dir
+from treewise.decoder.errors import TreewiseError
+from treewise.decoder.nodelog import SCHEMA_VERSION
+from treewise.predictor.calibration import IsotonicCalibrator, fit_isotonic
+from treewise.predictor.compiled import CompiledForest, CompileError, compile_forest, resolve_backend
+from treewise.predictor.config import PredictorConfig
+from treewise.predictor.features import (
     ALL_FEATURE_COLUMNS,
     FEATURE_SCHEMA_VERSION,
     FeatureSchema,
@@ -29,8 +29,8 @@ from predictor.features import (
     encode,
     select_rows,
 )
-from predictor.metrics import binary_metrics
-from predictor.split import PromptSplit, SplitMasks, split_by_prompt
+from treewise.predictor.metrics import binary_metrics
+from treewise.predictor.split import PromptSplit, SplitMasks, split_by_prompt
 
 MODEL_FILE = "model.txt"
 SCHEMA_FILE = "feature_schema.json"

@@ -9,7 +9,7 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-from studies.shared.commands import fail, user_errors, write_json, write_text
+from treewise.studies.shared.commands import fail, user_errors, write_json, write_text
 
 from .config import StudyConfig
 
@@ -32,7 +32,7 @@ def acceptance_cmd(
     entropy_bins: int = typer.Option(_STUDY.entropy_bins, help="Quantile bins of draft entropy."),
 ) -> None:
     """Cross-domain acceptance study of a collected run: tables, seed claims, figures."""
-    from studies.shared.runs import load_run
+    from treewise.studies.shared.runs import load_run
 
     from .report import markdown_report, print_report, write_figures
     from .study import analyze

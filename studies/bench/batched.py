@@ -16,10 +16,10 @@ from collections.abc import Callable
 import torch
 from pydantic import BaseModel
 
-from decoder import GenerationResult, TreeDecoder
-from studies.shared.measure import row_order
-from studies.shared.suites import Prompt
-from studies.shared.treespec import build_tree
+from treewise.decoder import GenerationResult, TreeDecoder
+from treewise.studies.shared.measure import row_order
+from treewise.studies.shared.suites import Prompt
+from treewise.studies.shared.treespec import build_tree
 
 PLAIN = "plain"
 

@@ -14,21 +14,21 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from studies.shared.commands import write_text
-from studies.shared.config import BenchConfig
-from studies.shared.paths import data_dir, default_pair
+from treewise.studies.shared.commands import write_text
+from treewise.studies.shared.config import BenchConfig
+from treewise.studies.shared.paths import data_dir, default_pair
 
 from .sweep_cli import sweep
 
 if TYPE_CHECKING:
-    from decoder import DecodeConfig
+    from treewise.decoder import DecodeConfig
 
 _B = BenchConfig()
 _FROM_DECODER = "the decoder's DecodeConfig"
 
 
 def _decode_defaults() -> DecodeConfig:
-    from decoder import DEFAULTS
+    from treewise.decoder import DEFAULTS
 
     return DEFAULTS
 
@@ -69,8 +69,8 @@ def bench(
     json_out: Annotated[Path | None, typer.Option("--json", help="write the result as JSON")] = None,
 ) -> None:
     """Tokens/s and speedup of tree policies vs plain decoding vs HF assisted generation, side by side."""
-    from decoder import TreewiseError
-    from studies.shared.measure import load_bench_decoder, select_prompts
+    from treewise.decoder import TreewiseError
+    from treewise.studies.shared.measure import load_bench_decoder, select_prompts
 
     from .report import print_bench
     from .rows import run_bench
@@ -112,8 +112,8 @@ def bench(
 def _bench_batched(suite: Path, split: str, domain: list[str] | None, per_domain: int, max_new_tokens: int,
                    repeats: int, tree: list[str] | None, sizes: list[int], target: str | None, draft: str | None,
                    json_out: Path | None, console: Console) -> None:
-    from decoder import TreewiseError
-    from studies.shared.measure import load_bench_decoder, select_prompts
+    from treewise.decoder import TreewiseError
+    from treewise.studies.shared.measure import load_bench_decoder, select_prompts
 
     from .batched import run_batch_bench
     from .report import print_batch_bench
@@ -163,8 +163,8 @@ def decode(
     draft: Annotated[str | None, typer.Option(help="draft id or folder")] = None,
 ) -> None:
     """Decode one prompt, streaming the text, then print the step statistics."""
-    from decoder import TreeDecoder, TreewiseError
-    from studies.shared.treespec import build_tree
+    from treewise.decoder import TreeDecoder, TreewiseError
+    from treewise.studies.shared.treespec import build_tree
 
     from .report import step_table
 
@@ -199,8 +199,8 @@ def latency(
     context: Annotated[int, typer.Option(help="cached tokens under each timed forward")] = 128,
 ) -> None:
     """Measure the pair's forward latency by tree size (LearnedTree's cost model) and write it as JSON."""
-    from controller import measure_latency
-    from decoder import TreeDecoder, TreewiseError
+    from treewise.controller import measure_latency
+    from treewise.decoder import TreeDecoder, TreewiseError
 
     console = Console()
     t_default, d_default = default_pair()

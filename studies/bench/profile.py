@@ -17,11 +17,11 @@ import numpy as np
 import torch
 from pydantic import BaseModel
 
-from decoder import GenerationResult, StageTimes, TreeDecoder
-from studies.shared.config import BenchConfig, ProfileConfig
-from studies.shared.measure import load_bench_decoder, select_prompts
-from studies.shared.suites import Prompt
-from studies.shared.treespec import build_tree
+from treewise.decoder import GenerationResult, StageTimes, TreeDecoder
+from treewise.studies.shared.config import BenchConfig, ProfileConfig
+from treewise.studies.shared.measure import load_bench_decoder, select_prompts
+from treewise.studies.shared.suites import Prompt
+from treewise.studies.shared.treespec import build_tree
 
 # Display order; "predictor" is the part of "policy" spent in the predictor's predict_batch / predict_prefix.
 STAGES = ("draft_model", "target_model", "masks", "drafting", "policy", "predictor", "verify", "settle",

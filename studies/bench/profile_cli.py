@@ -13,8 +13,8 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from studies.shared.commands import fail, user_errors, write_json
-from studies.shared.config import ProfileConfig
+from treewise.studies.shared.commands import fail, user_errors, write_json
+from treewise.studies.shared.config import ProfileConfig
 
 if TYPE_CHECKING:
     from .profile import ProfileResult

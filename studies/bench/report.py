@@ -7,8 +7,8 @@ from typing import TYPE_CHECKING
 from rich.console import Console
 from rich.table import Table
 
-from decoder import GenerationStats
-from studies.shared.measure import BenchResult, Metrics
+from treewise.decoder import GenerationStats
+from treewise.studies.shared.measure import BenchResult, Metrics
 
 if TYPE_CHECKING:
     from .batched import BatchBenchResult

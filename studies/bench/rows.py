@@ -6,8 +6,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from decoder import GenerationResult, TreeDecoder
-from studies.shared.measure import (
+from treewise.decoder import GenerationResult, TreeDecoder
+from treewise.studies.shared.measure import (
     HF,
     PLAIN,
     BenchConfig,
@@ -18,8 +18,8 @@ from studies.shared.measure import (
     select_prompts,
     summarize,
 )
-from studies.shared.suites import Prompt
-from studies.shared.treespec import TreeSpecError, build_tree
+from treewise.studies.shared.suites import Prompt
+from treewise.studies.shared.treespec import TreeSpecError, build_tree
 
 
 def hf_assisted_runner(dec: TreeDecoder, cfg: BenchConfig) -> Runner:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from controller import (
+from treewise.controller import (
     AcceptanceModel,
     BudgetsFile,
     ConfidenceTree,
@@ -24,11 +24,19 @@ from controller import (
     LearnedRerank,
     LearnedTree,
 )
-from decoder import TreeDecoder, TreePolicy
-from predictor.online import OnlineConfig
-from studies.shared.config import BenchConfig
-from studies.shared.measure import PLAIN, Metrics, RowResult, load_bench_decoder, measure, select_prompts, summarize
-from studies.shared.paths import data_dir
+from treewise.decoder import TreeDecoder, TreePolicy
+from treewise.predictor.online import OnlineConfig
+from treewise.studies.shared.config import BenchConfig
+from treewise.studies.shared.measure import (
+    PLAIN,
+    Metrics,
+    RowResult,
+    load_bench_decoder,
+    measure,
+    select_prompts,
+    summarize,
+)
+from treewise.studies.shared.paths import data_dir
 
 from .sweep_config import SweepConfig
 
@@ -89,8 +97,8 @@ def predictor_dir(cfg: SweepConfig) -> Path:
 
 
 def load_predictor(cfg: SweepConfig) -> tuple[AcceptanceModel, PredictorInfo]:
-    from predictor import AcceptancePredictor
-    from predictor.model import MODEL_FILE
+    from treewise.predictor import AcceptancePredictor
+    from treewise.predictor.model import MODEL_FILE
 
     folder = predictor_dir(cfg)
     model = AcceptancePredictor.load(folder)

@@ -13,7 +13,7 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.progress import Progress
 
-from studies.shared.commands import fail, option_default, user_errors, write_json, write_text
+from treewise.studies.shared.commands import fail, option_default, user_errors, write_json, write_text
 
 from .sweep_config import POLICY_HELP, SweepConfig
 
@@ -72,7 +72,7 @@ def sweep(
     from .sweep_report import plot_sweep, print_sweep, sweep_markdown
 
     try:
-        from studies.shared.measure import select_prompts
+        from treewise.studies.shared.measure import select_prompts
 
         n = len(select_prompts(bench_config(cfg)))
         with Progress(console=console, transient=True) as progress:

@@ -8,7 +8,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from studies.shared.paths import data_dir
+from treewise.studies.shared.paths import data_dir
 
 SweepPolicy = Literal["confidence", "rerank", "learned", "learned_fill"]
 

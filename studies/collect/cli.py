@@ -12,13 +12,13 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from studies.shared.commands import fail, option_default, user_errors, write_json
+from treewise.studies.shared.commands import fail, option_default, user_errors, write_json
 
 from .config import CollectConfig
 
 if TYPE_CHECKING:
-    from decoder import TreeDecoder
-    from studies.shared.runs import PromptRecord
+    from treewise.decoder import TreeDecoder
+    from treewise.studies.shared.runs import PromptRecord
 
     from .collector import CollectPlan, CollectSummary
 
@@ -47,7 +47,7 @@ def collect_cmd(
     json_out: Path = typer.Option(None, "--json", help="Write the collect summary as JSON here."),
 ) -> None:
     """Decode a prompt suite with the tree decoder and write node, step and prompt logs."""
-    from studies.shared.runs import read_records
+    from treewise.studies.shared.runs import read_records
 
     from .collector import load_decoder, plan_collect, summarize
 

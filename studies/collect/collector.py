@@ -18,9 +18,9 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from decoder import SCHEMA_VERSION, GenerationResult, NodeLogWriter, TreeDecoder, TreewiseError
-from studies.shared.locks import FileLock
-from studies.shared.runs import (
+from treewise.decoder import SCHEMA_VERSION, GenerationResult, NodeLogWriter, TreeDecoder, TreewiseError
+from treewise.studies.shared.locks import FileLock
+from treewise.studies.shared.runs import (
     PromptRecord,
     RunManifest,
     ShardLayout,
@@ -32,8 +32,8 @@ from studies.shared.runs import (
     remove_orphans,
     write_json_atomic,
 )
-from studies.shared.suites import Prompt, load_suite
-from studies.shared.treespec import parse_tree_spec
+from treewise.studies.shared.suites import Prompt, load_suite
+from treewise.studies.shared.treespec import parse_tree_spec
 
 from .config import CollectConfig
 

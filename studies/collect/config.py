@@ -6,7 +6,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from studies.shared.paths import data_dir
+from treewise.studies.shared.paths import data_dir
 
 
 class CollectConfig(BaseModel):

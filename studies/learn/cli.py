@@ -13,11 +13,11 @@ import typer
 from pydantic import ValidationError
 from rich.console import Console
 
-from studies.shared.commands import write_text
-from studies.shared.paths import data_dir
+from treewise.studies.shared.commands import write_text
+from treewise.studies.shared.paths import data_dir
 
 if TYPE_CHECKING:
-    from predictor.config import PredictorConfig
+    from treewise.predictor.config import PredictorConfig
 
 # The predictor's and the classifier's defaults live in predictor.config and controller.domains, which import
 # torch (through the decoder); they are read when a command runs, and --help names where they live.
@@ -26,21 +26,21 @@ _MODEL_DIR = "data/predictor, predictor.config.DEFAULT_MODEL_DIR"
 
 
 def _model_dir() -> Path:
-    from predictor.config import DEFAULT_MODEL_DIR
+    from treewise.predictor.config import DEFAULT_MODEL_DIR
 
     return DEFAULT_MODEL_DIR
 
 
 def _classifier_path() -> Path:
-    from controller.domains import CLASSIFIER_FILE
+    from treewise.controller.domains import CLASSIFIER_FILE
 
     return data_dir() / CLASSIFIER_FILE
 
 
 def _expected() -> tuple[type[Exception], ...]:
-    from decoder.nodelog import NodeLogError
-    from predictor.features import FeatureSchemaError
-    from predictor.model import PredictorError
+    from treewise.decoder.nodelog import NodeLogError
+    from treewise.predictor.features import FeatureSchemaError
+    from treewise.predictor.model import PredictorError
 
     return (PredictorError, FeatureSchemaError, NodeLogError)
 
@@ -51,7 +51,7 @@ def _fail(console: Console, message: str) -> typer.Exit:
 
 
 def _config(console: Console, config_file: Path | None, overrides: dict[str, Any]) -> PredictorConfig:
-    from predictor.config import PredictorConfig
+    from treewise.predictor.config import PredictorConfig
 
     try:
         base = json.loads(config_file.read_text()) if config_file else {}
@@ -81,8 +81,8 @@ def train_command(
     suite: Path = typer.Option(data_dir() / "prompts", "--suite", help="Suite folder for --suite-split."),
 ) -> None:
     """Train the LightGBM acceptance predictor on node logs (split by prompt, early stopping, calibration)."""
-    from predictor.model import train
-    from predictor.sources import SourceError, keep_suite_split, read_suite_sources
+    from treewise.predictor.model import train
+    from treewise.predictor.sources import SourceError, keep_suite_split, read_suite_sources
 
     from .data import read_runs
     from .report import print_training
@@ -127,10 +127,10 @@ def evaluate_command(
                                            "(train, tune, test)."),
 ) -> None:
     """Score a predictor on the test prompts against draft-prob, entropy, table and HF-threshold baselines."""
-    from predictor.evaluate import evaluate
-    from predictor.model import AcceptancePredictor
-    from predictor.online import OnlineConfig
-    from predictor.sources import SourceError, keep_suite_split, read_suite_sources
+    from treewise.predictor.evaluate import evaluate
+    from treewise.predictor.model import AcceptancePredictor
+    from treewise.predictor.online import OnlineConfig
+    from treewise.predictor.sources import SourceError, keep_suite_split, read_suite_sources
 
     from .data import read_runs
     from .heldout import run_heldout
@@ -187,8 +187,8 @@ def train_domains(
     alpha: Annotated[float | None, typer.Option(help="count smoothing (default: DomainClassifierConfig's)")] = None,
 ) -> None:
     """Train the domain classifier for domain="auto" on the train split; report test accuracy and confusion."""
-    from controller.domains import DomainClassifierConfig
-    from decoder import TreewiseError
+    from treewise.controller.domains import DomainClassifierConfig
+    from treewise.decoder import TreewiseError
 
     from .data import train_on_suite
     from .report import accuracy_table, confusion_table

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from controller.domains import DomainClassifierConfig, DomainTraining, train_domain_classifier
-from decoder.nodelog import NodeLogError, read_node_logs
-from studies.shared.runs import RunError, load_run
-from studies.shared.suites import load_suite
+from treewise.controller.domains import DomainClassifierConfig, DomainTraining, train_domain_classifier
+from treewise.decoder.nodelog import NodeLogError, read_node_logs
+from treewise.studies.shared.runs import RunError, load_run
+from treewise.studies.shared.suites import load_suite
 
 
 def read_runs(paths: list[Path]) -> pa.Table:

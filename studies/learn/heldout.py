@@ -16,8 +16,8 @@ ONLINE_SCORERS = ("predictor", "predictor+online", "predictor+online_from_counts
 def run_heldout(logs: list[Path], split_by: str, suite: Path, folds: int, config: Any, ablation: bool,
                 ablation_seeds: int, online_grid: bool) -> dict[str, Any]:
     """Evaluate (and optionally ablate) on held-out folds; the JSON-ready report."""
-    from predictor.heldout import evaluate_heldout, heldout_ablation, prepare
-    from predictor.sources import read_suite_sources
+    from treewise.predictor.heldout import evaluate_heldout, heldout_ablation, prepare
+    from treewise.predictor.sources import read_suite_sources
 
     from .data import read_runs
 

@@ -17,7 +17,7 @@ import matplotlib.pyplot as plt
 from rich.console import Console
 from rich.table import Table
 
-from controller.domains import DomainReport
+from treewise.controller.domains import DomainReport
 
 from .heldout import fmt
 

@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-from studies.shared.commands import fail, user_errors, write_text
+from treewise.studies.shared.commands import fail, user_errors, write_text
 
 from .config import DemoConfig, EvalConfig, ModelShape, PairConfig
 
@@ -161,8 +161,8 @@ def search_trees(models: Path, threads: int) -> list[TreeTrial]:
     """Static shapes compared on one tune prompt per domain (48 new tokens each)."""
     import torch
 
-    from decoder import Chain, StaticTree, TreeDecoder
-    from studies.shared.suites import load_suite
+    from treewise.decoder import Chain, StaticTree, TreeDecoder
+    from treewise.studies.shared.suites import load_suite
 
     from .demo import pick_prompts, tree_search
 

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import torch
 
-from decoder import StaticTree, TreeDecoder, TreePolicy, TreewiseError
-from studies.shared.paths import data_dir
-from studies.shared.suites import Prompt, load_suite
+from treewise.decoder import StaticTree, TreeDecoder, TreePolicy, TreewiseError
+from treewise.studies.shared.paths import data_dir
+from treewise.studies.shared.suites import Prompt, load_suite
 
 from .config import DemoConfig
 

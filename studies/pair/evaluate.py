@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreTrainedModel
 
-from studies.shared.suites import load_suite
+from treewise.studies.shared.suites import load_suite
 
 from .config import EvalConfig
 from .corpus.build import DOMAINS

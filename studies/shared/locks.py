@@ -11,7 +11,7 @@ import os
 import platform
 from pathlib import Path
 
-from decoder import TreewiseError
+from treewise.decoder import TreewiseError
 
 
 class LockedError(TreewiseError):

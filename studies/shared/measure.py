@@ -21,7 +21,7 @@ import torch
 import transformers
 from pydantic import BaseModel, Field
 
-from decoder import GenerationResult, TreeDecoder, TreewiseError
+from treewise.decoder import GenerationResult, TreeDecoder, TreewiseError
 
 from .config import BenchConfig
 from .paths import default_pair

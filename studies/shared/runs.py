@@ -28,9 +28,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pydantic import BaseModel, ValidationError
 
-from decoder import SCHEMA, TreewiseError, read_node_logs
-from decoder.atomic import atomic_path, create_exclusive, write_bytes_atomic
-from decoder.nodelog import part_is_readable
+from treewise.decoder import SCHEMA, TreewiseError, read_node_logs
+from treewise.decoder.atomic import atomic_path, create_exclusive, write_bytes_atomic
+from treewise.decoder.nodelog import part_is_readable
 
 
 class RunError(TreewiseError):

@@ -8,7 +8,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from decoder import TreewiseError
+from treewise.decoder import TreewiseError
 
 Split = Literal["train", "tune", "test"]
 

@@ -10,8 +10,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from controller import BudgetedTree, BudgetsFile, ConfidenceTree, DomainBudget, DynamicChain, LearnedTree, load_budgets
-from decoder import Chain, NoDraft, StaticTree, TreePolicy, TreewiseError
+from treewise.controller import (
+    BudgetedTree,
+    BudgetsFile,
+    ConfidenceTree,
+    DomainBudget,
+    DynamicChain,
+    LearnedTree,
+    load_budgets,
+)
+from treewise.decoder import Chain, NoDraft, StaticTree, TreePolicy, TreewiseError
 
 
 class TreeSpecError(TreewiseError):

@@ -19,7 +19,7 @@ import typer
 from pydantic import ValidationError
 from rich.console import Console
 
-from studies.shared.commands import option_default
+from treewise.studies.shared.commands import option_default
 
 from .config import SearchSpace, TuneConfig, default_budgets_path
 
@@ -123,7 +123,7 @@ def tune_cmd(
 
 def _run(cfg: TuneConfig, command: str, console: Console, json_out: Path | None, plots: Path | None) -> None:
     """Tune under the live view, then print, plot and write what came out."""
-    from decoder import TreewiseError
+    from treewise.decoder import TreewiseError
 
     from .report import LiveTuneView, print_report
     from .search import resolve_domains, tune
@@ -174,7 +174,7 @@ def report_cmd(
     """Reprint a tuning report from storage alone (no models loaded, nothing decoded)."""
     import optuna
 
-    from decoder import TreewiseError
+    from treewise.decoder import TreewiseError
 
     from .report import print_report
     from .results import build_report, open_storage

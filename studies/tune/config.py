@@ -8,19 +8,19 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from studies.shared.paths import data_dir
+from treewise.studies.shared.paths import data_dir
 
 if TYPE_CHECKING:
     from optuna.trial import Trial
 
-    from controller import DomainBudget
+    from treewise.controller import DomainBudget
 
 Family = Literal["static", "confidence", "learned"]
 
 
 def default_budgets_path() -> Path:
     """data/budgets.json: the file name is the controller's (BudgetedTree.default() reads it)."""
-    from controller.budgets import BUDGETS_FILE
+    from treewise.controller.budgets import BUDGETS_FILE
 
     return data_dir() / BUDGETS_FILE
 
@@ -55,7 +55,9 @@ class SearchSpace(BaseModel):
     def _check(self) -> SearchSpace:
         if not self.families or len(set(self.families)) != len(self.families):
             raise ValueError(f"families must be a non-empty list without repeats, got {list(self.families)}")
-        from controller import DomainBudget  # the bounds live with the budget; imported here to keep the CLI light
+        from treewise.controller import (
+            DomainBudget,  # the bounds live with the budget; imported here to keep the CLI light
+        )
 
         for name in ("node_budget", "max_depth", "max_width", "threshold", "cost_scale"):
             rng = getattr(self, name)
@@ -77,7 +79,7 @@ class SearchSpace(BaseModel):
             rng = getattr(self, name)
             suggest = trial.suggest_int if isinstance(rng, IntRange) else trial.suggest_float
             values[name] = suggest(name, rng.low, rng.high, log=rng.log)
-        from controller import DomainBudget
+        from treewise.controller import DomainBudget
 
         return DomainBudget(policy=family, **values)
 

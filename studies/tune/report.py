@@ -14,7 +14,7 @@ from rich.live import Live
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from controller import DomainBudget
+from treewise.controller import DomainBudget
 
 from .results import BEST_STATIC, DEFAULTS, TUNED, StudyStart, TrialSummary, TuneReport, dashboard_command
 

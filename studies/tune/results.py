@@ -13,10 +13,10 @@ from optuna.storages import BaseStorage
 from optuna.trial import FrozenTrial, TrialState
 from pydantic import BaseModel, Field
 
-from controller import AcceptanceModel, BudgetedTree, BudgetsFile, DomainBudget, LatencyProfile
-from decoder import TreeDecoder
-from studies.shared.measure import PLAIN, BenchConfig, Runner, measure, select_prompts, summarize
-from studies.shared.suites import load_suite
+from treewise.controller import AcceptanceModel, BudgetedTree, BudgetsFile, DomainBudget, LatencyProfile
+from treewise.decoder import TreeDecoder
+from treewise.studies.shared.measure import PLAIN, BenchConfig, Runner, measure, select_prompts, summarize
+from treewise.studies.shared.suites import load_suite
 
 from .storage import TuneError, dashboard_command, fail_stale_trials, open_storage  # noqa: F401 (re-exported)
 

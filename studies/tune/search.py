@@ -28,7 +28,7 @@ import optuna
 from optuna.trial import FrozenTrial, Trial
 from pydantic import BaseModel
 
-from controller import (
+from treewise.controller import (
     AcceptanceModel,
     BudgetsFile,
     DomainBudget,
@@ -39,10 +39,10 @@ from controller import (
     policy_from_budget,
     save_budgets,
 )
-from decoder import GenerationResult, TreeDecoder, TreePolicy, TreewiseError
-from studies.shared.measure import BenchConfig, load_bench_decoder, select_prompts
-from studies.shared.paths import data_dir
-from studies.shared.suites import Prompt, load_suite
+from treewise.decoder import GenerationResult, TreeDecoder, TreePolicy, TreewiseError
+from treewise.studies.shared.measure import BenchConfig, load_bench_decoder, select_prompts
+from treewise.studies.shared.paths import data_dir
+from treewise.studies.shared.suites import Prompt, load_suite
 
 from .config import SearchSpace, TuneConfig
 from .results import (
@@ -147,7 +147,7 @@ def _setup(cfg: TuneConfig, dec: TreeDecoder, predictor: AcceptanceModel | None,
         if cfg.predictor is not None and not path.is_dir():
             raise TuneError(f"--predictor {path}: no such folder; train one with `treewise train` or omit it")
         if path.is_dir():
-            from predictor import AcceptancePredictor
+            from treewise.predictor import AcceptancePredictor
 
             predictor = AcceptancePredictor.load(path)
     if predictor is None and "learned" in space.families and factory is None:

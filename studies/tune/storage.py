@@ -18,7 +18,7 @@ import optuna
 from optuna.storages import BaseStorage, JournalStorage, RDBStorage
 from optuna.storages.journal import JournalFileBackend
 
-from decoder import TreewiseError
+from treewise.decoder import TreewiseError
 
 try:  # Optuna >= 4.9 renamed the retry callback and its RDBStorage argument
     from optuna.storages import RetryHeartbeatStaleTrialCallback as _Retry

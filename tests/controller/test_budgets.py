@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from controller.budgets import (
+from treewise.controller.budgets import (
     BudgetError,
     BudgetsFile,
     DomainBudget,
@@ -12,7 +12,7 @@ from controller.budgets import (
     load_budgets,
     save_budgets,
 )
-from decoder import TreewiseError
+from treewise.decoder import TreewiseError
 
 
 def _write(tmp_path, data) -> object:

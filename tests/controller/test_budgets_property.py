@@ -10,7 +10,7 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from controller.budgets import BudgetError, BudgetsFile, DomainBudget, load_budgets, save_budgets
+from treewise.controller.budgets import BudgetError, BudgetsFile, DomainBudget, load_budgets, save_budgets
 
 FAST = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from controller.domains import (
+from treewise.controller.domains import (
     BUILD_COMMAND,
     CLASSIFIER_FILE,
     DomainClassifier,
@@ -16,10 +16,10 @@ from controller.domains import (
     _features,
     train_domain_classifier,
 )
-from decoder.paths import data_dir
-from studies.cli import app
-from studies.learn.data import train_on_suite
-from studies.shared.suites import Prompt, load_suite
+from treewise.decoder.paths import data_dir
+from treewise.studies.cli import app
+from treewise.studies.learn.data import train_on_suite
+from treewise.studies.shared.suites import Prompt, load_suite
 
 _WORDS = {
     "code": ["def", "return", "import", "class", "self", "for", "in", "range", "print", "lambda", "None", "yield"],

@@ -8,15 +8,15 @@ import pytest
 import torch
 from conftest import make_model
 
-from controller import BudgetsFile, DomainBudget, LearnedTree
-from controller.features import _SCALARS, STEP_SCALARS, FeatureRows, raw_step_scalars
-from decoder import Frontier, NodeLogWriter, TreeDecoder
-from decoder.nodelog import TOKEN_TYPES, read_node_logs
-from decoder.paths import data_dir
-from predictor import AcceptancePredictor
-from predictor.derived import RequestFeatures
-from predictor.features import FeatureSchemaError
-from predictor.online import OnlineCalibrator, OnlineConfig
+from treewise.controller import BudgetsFile, DomainBudget, LearnedTree
+from treewise.controller.features import _SCALARS, STEP_SCALARS, FeatureRows, raw_step_scalars
+from treewise.decoder import Frontier, NodeLogWriter, TreeDecoder
+from treewise.decoder.nodelog import TOKEN_TYPES, read_node_logs
+from treewise.decoder.paths import data_dir
+from treewise.predictor import AcceptancePredictor
+from treewise.predictor.derived import RequestFeatures
+from treewise.predictor.features import FeatureSchemaError
+from treewise.predictor.online import OnlineCalibrator, OnlineConfig
 
 NOISE = 1.0
 

@@ -13,13 +13,13 @@ import pytest
 import torch
 from conftest import make_model
 
-from controller import BudgetsFile, DomainBudget, LatencyProfile, LearnedTree
-from controller.features import FeatureRows
-from controller.fused import FusedLevel, kernel
-from decoder import Frontier, LevelPlan, TreeDecoder
-from decoder.paths import data_dir
-from predictor import AcceptancePredictor
-from predictor.online import OnlineConfig
+from treewise.controller import BudgetsFile, DomainBudget, LatencyProfile, LearnedTree
+from treewise.controller.features import FeatureRows
+from treewise.controller.fused import FusedLevel, kernel
+from treewise.decoder import Frontier, LevelPlan, TreeDecoder
+from treewise.decoder.paths import data_dir
+from treewise.predictor import AcceptancePredictor
+from treewise.predictor.online import OnlineConfig
 
 pytest.importorskip("numba")
 
@@ -141,7 +141,7 @@ def test_the_native_predictions_equal_lightgbms_on_a_decode(pair, shipped) -> No
 
 
 def test_without_numba_learned_tree_decodes_in_python(pair, shipped, monkeypatch) -> None:
-    import controller.fused as fused
+    import treewise.controller.fused as fused
 
     monkeypatch.setattr(fused, "kernel", lambda: None)  # what kernel() answers where numba does not import
     policy = LearnedTree(shipped, BudgetsFile(default=CASES["budget only"][0]))

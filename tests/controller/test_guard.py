@@ -4,9 +4,9 @@
 import pytest
 from conftest import DraftProb, make_model
 
-from controller import BudgetedTree, BudgetsFile, DomainBudget, LatencyProfile, LearnedTree
-from controller.guard import PayoffGuard
-from decoder import TreeDecoder
+from treewise.controller import BudgetedTree, BudgetsFile, DomainBudget, LatencyProfile, LearnedTree
+from treewise.controller.guard import PayoffGuard
+from treewise.decoder import TreeDecoder
 
 
 class Clock:

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from controller import LearnedTree
-from controller.latency import LatencyError, LatencyProfile
-from decoder import TreewiseError
+from treewise.controller import LearnedTree
+from treewise.controller.latency import LatencyError, LatencyProfile
+from treewise.decoder import TreewiseError
 
 DATA = Path(__file__).resolve().parents[2] / "data"
 

@@ -6,12 +6,12 @@ import numpy as np
 import pytest
 from conftest import make_model
 
-from controller import BudgetsFile, DomainBudget, LearnedTree
-from decoder import NodeLogWriter, TreeDecoder
-from decoder.nodelog import read_node_logs
-from predictor.derived import DERIVED_COLUMNS, derived_columns
-from predictor.features import _np, conditional_mask, request_keys
-from predictor.online import OnlineConfig
+from treewise.controller import BudgetsFile, DomainBudget, LearnedTree
+from treewise.decoder import NodeLogWriter, TreeDecoder
+from treewise.decoder.nodelog import read_node_logs
+from treewise.predictor.derived import DERIVED_COLUMNS, derived_columns
+from treewise.predictor.features import _np, conditional_mask, request_keys
+from treewise.predictor.online import OnlineConfig
 
 CONTEXT = ["running_accept_rate", "prev_accepted", *DERIVED_COLUMNS]
 

@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 import torch
 
-from decoder import Frontier
-from decoder.nodelog import TOKEN_TYPES
-from decoder.paths import data_dir
+from treewise.decoder import Frontier
+from treewise.decoder.nodelog import TOKEN_TYPES
+from treewise.decoder.paths import data_dir
 
 
 def _frontier(domain: str, table: bool = True) -> Frontier:
@@ -37,7 +37,7 @@ def test_numeric_features_equal_the_logged_features(table: bool) -> None:
 
 @pytest.mark.parametrize("domain", ["code", "dialogue", "never-seen"])
 def test_shipped_predictor_gives_the_same_probabilities_on_codes(domain: str) -> None:
-    from predictor import AcceptancePredictor
+    from treewise.predictor import AcceptancePredictor
 
     model = AcceptancePredictor.load(data_dir() / "predictor")
     f = _frontier(domain)

@@ -7,7 +7,7 @@ import pytest
 import torch
 from conftest import make_model
 
-from controller import (
+from treewise.controller import (
     BudgetedTree,
     BudgetsFile,
     ConfidenceTree,
@@ -16,9 +16,9 @@ from controller import (
     LatencyProfile,
     LearnedTree,
 )
-from controller.learned import AcceptanceModel
-from controller.policies import refit_threshold
-from decoder import Chain, NoDraft, StaticTree, TreeDecoder, TreePolicy
+from treewise.controller.learned import AcceptanceModel
+from treewise.controller.policies import refit_threshold
+from treewise.decoder import Chain, NoDraft, StaticTree, TreeDecoder, TreePolicy
 
 
 class DraftProbPredictor:
@@ -148,13 +148,13 @@ def test_refit_threshold_separates_classes() -> None:
 
 
 def test_real_predictor_satisfies_the_protocol(tmp_path) -> None:
-    from predictor import PredictorConfig, train
-    from predictor.synthetic import make_synthetic_logs
+    from treewise.predictor import PredictorConfig, train
+    from treewise.predictor.synthetic import make_synthetic_logs
 
     model = train(make_synthetic_logs(), PredictorConfig(num_boost_round=30))
     assert isinstance(model, AcceptanceModel)
     policy = LearnedTree(model, BudgetsFile(default=DomainBudget()))
-    from decoder import Frontier
+    from treewise.decoder import Frontier
     f = Frontier.of(depth=1, step=0, position=0, prompt_len=5, domain="code", temperature=0.0, tree_size=0,
                  max_depth=4, tokens=torch.tensor([5, 6]), parent=torch.tensor([-1, -1]),
                  sibling_rank=torch.tensor([0, 1]), draft_logprob=torch.log(torch.tensor([0.6, 0.3])),

@@ -7,9 +7,9 @@ import pytest
 from conftest import make_model
 from test_policies import DraftProbPredictor, OraclePredictor
 
-from controller import ConfidenceTree, LearnedRerank
-from decoder import TreeDecoder, TreePolicy
-from predictor.online import OnlineConfig
+from treewise.controller import ConfidenceTree, LearnedRerank
+from treewise.decoder import TreeDecoder, TreePolicy
+from treewise.predictor.online import OnlineConfig
 
 
 class Constant:
@@ -81,7 +81,7 @@ def test_rerank_with_an_oracle_beats_the_confidence_tree(tokenizer) -> None:
 
 
 def test_rerank_checks_its_sizes() -> None:
-    from decoder import TreewiseError
+    from treewise.decoder import TreewiseError
 
     with pytest.raises(TreewiseError):
         LearnedRerank(DraftProbPredictor(), budget=0)

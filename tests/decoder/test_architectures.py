@@ -15,9 +15,9 @@ import torch
 from conftest import VOCAB, make_tokenizer
 from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
 
-from controller import ConfidenceTree, LearnedTree
-from decoder import Chain, StaticTree, TreeDecoder, TreewiseError
-from decoder.capability import FULL, SLIDING, VERIFIED, AttentionLayout, attention_layout
+from treewise.controller import ConfidenceTree, LearnedTree
+from treewise.decoder import Chain, StaticTree, TreeDecoder, TreewiseError
+from treewise.decoder.capability import FULL, SLIDING, VERIFIED, AttentionLayout, attention_layout
 
 WINDOW = 8  # shorter than every prompt below, so the window cuts into the prompt and the tree
 NEW = 24
@@ -171,7 +171,7 @@ def test_compaction_refuses_a_windowed_cache_layer() -> None:
     """A cache that evicts rows (the model's own sliding-window layers) would make row indices lie."""
     from transformers import DynamicCache
 
-    from decoder.kvcache import keep_rows
+    from treewise.decoder.kvcache import keep_rows
 
     model = build("mistral", 0, window=True)
     cache = DynamicCache(config=model.config)
@@ -193,7 +193,7 @@ def test_sampling_follows_the_target_under_a_window() -> None:
     import numpy as np
     from scipy.stats import chisquare
 
-    from decoder.verify import Sampling
+    from treewise.decoder.verify import Sampling
 
     vocab, runs, window = 8, 1200, 4
     tok = make_tokenizer(vocab)

@@ -5,10 +5,10 @@ import pytest
 import torch
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 
-from decoder.arena import ArenaCache, _runs
-from decoder.errors import TreewiseError
-from decoder.kvcache import keep_rows
-from decoder.step import _Request
+from treewise.decoder.arena import ArenaCache, _runs
+from treewise.decoder.errors import TreewiseError
+from treewise.decoder.kvcache import keep_rows
+from treewise.decoder.step import _Request
 
 
 def test_runs_are_slices_that_never_overlap() -> None:

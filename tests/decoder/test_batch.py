@@ -10,9 +10,9 @@ import torch
 from conftest import make_model
 from test_architectures import build
 
-from controller import ConfidenceTree
-from decoder import Chain, NodeLogWriter, StaticTree, TreeDecoder, TreewiseError, read_node_logs
-from decoder.kvcache import BatchCache
+from treewise.controller import ConfidenceTree
+from treewise.decoder import Chain, NodeLogWriter, StaticTree, TreeDecoder, TreewiseError, read_node_logs
+from treewise.decoder.kvcache import BatchCache
 
 
 def _prompts(n: int, seed: int = 3) -> list[str]:

@@ -7,9 +7,9 @@ import torch
 from conftest import ARCHS, make_model
 from transformers import DynamicCache
 
-from decoder import Chain, StaticTree, TreeDecoder
-from decoder.engine import _Run
-from decoder.verify import Sampling
+from treewise.decoder import Chain, StaticTree, TreeDecoder
+from treewise.decoder.engine import _Run
+from treewise.decoder.verify import Sampling
 
 SHAPES = {
     "chain": Chain(4),

@@ -6,7 +6,7 @@ import math
 import numpy as np
 import torch
 
-from decoder.draft import _entropy
+from treewise.decoder.draft import _entropy
 
 
 def _reference(p: torch.Tensor) -> np.ndarray:

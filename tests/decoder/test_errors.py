@@ -5,7 +5,7 @@ from conftest import make_model, make_tokenizer
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-from decoder import Chain, StaticTree, TreeDecoder, TreewiseError
+from treewise.decoder import Chain, StaticTree, TreeDecoder, TreewiseError
 
 
 @pytest.fixture(scope="module")

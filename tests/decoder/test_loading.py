@@ -6,7 +6,7 @@ import pytest
 from conftest import make_model, make_tokenizer
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from decoder import StaticTree, TreeDecoder, TreewiseError
+from treewise.decoder import StaticTree, TreeDecoder, TreewiseError
 
 
 def test_missing_folder_is_named(tmp_path) -> None:

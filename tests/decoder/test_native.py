@@ -7,11 +7,11 @@ import pytest
 import torch
 from conftest import make_model
 
-import decoder.draft as draft
-from decoder import StaticTree, TreeDecoder
-from decoder.draft import _children, _Expanded
-from decoder.native import FLOAT_COLUMNS, INT_COLUMNS, expand, expander, kernel, tree_arrays, tree_builder
-from decoder.tree import DraftTree
+import treewise.decoder.draft as draft
+from treewise.decoder import StaticTree, TreeDecoder
+from treewise.decoder.draft import _children, _Expanded
+from treewise.decoder.native import FLOAT_COLUMNS, INT_COLUMNS, expand, expander, kernel, tree_arrays, tree_builder
+from treewise.decoder.tree import DraftTree
 
 numba = pytest.importorskip("numba")
 

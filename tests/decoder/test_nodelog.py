@@ -5,7 +5,7 @@ import pyarrow.parquet as pq
 import pytest
 from conftest import make_model
 
-from decoder import (
+from treewise.decoder import (
     FEATURE_COLUMNS,
     SCHEMA,
     SCHEMA_VERSION,
@@ -128,8 +128,8 @@ def _one_part(dec, folder) -> "object":
 
 @pytest.mark.parametrize("damage", ["truncated", "garbage", "empty", "bad_page"])
 def test_damaged_part_is_named_not_a_traceback(dec, tmp_path, damage) -> None:
-    from decoder import TreewiseError
-    from decoder.nodelog import part_is_readable
+    from treewise.decoder import TreewiseError
+    from treewise.decoder.nodelog import part_is_readable
 
     good = _one_part(dec, tmp_path)
     bad = tmp_path / "nodes-bad.parquet"

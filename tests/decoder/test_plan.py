@@ -4,7 +4,7 @@ whether the drafter attached its own or a caller built the frontier from tensors
 import numpy as np
 import torch
 
-from decoder import Frontier, LevelPlan
+from treewise.decoder import Frontier, LevelPlan
 
 
 def test_a_plan_made_of_tensors_or_lists_is_numpy() -> None:

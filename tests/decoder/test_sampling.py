@@ -8,8 +8,8 @@ import torch
 from conftest import make_model, make_tokenizer
 from scipy.stats import chisquare
 
-from decoder import Acceptance, StaticTree, TreeDecoder, VerifyInput, verify
-from decoder.verify import Sampling
+from treewise.decoder import Acceptance, StaticTree, TreeDecoder, VerifyInput, verify
+from treewise.decoder.verify import Sampling
 
 VOCAB = 8  # 4 special ids + 4 characters
 RUNS = 1200
@@ -95,7 +95,7 @@ def test_seeded_runs_reproduce(small_pair) -> None:
 
 
 def test_verify_dispatch_rejects_unknown_mode() -> None:
-    from decoder import DraftTree, TreewiseError
+    from treewise.decoder import DraftTree, TreewiseError
     tree = DraftTree.from_parents([-1, 0], [1, 2])
     with pytest.raises(TreewiseError, match="draft mode"):
         verify(VerifyInput(tree, torch.zeros(2, 4), Sampling(temperature=1.0), "beam"))  # type: ignore[arg-type]

@@ -5,7 +5,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from decoder import DraftTree, TreewiseError, chain_then_tree, tree_attention_mask
+from treewise.decoder import DraftTree, TreewiseError, chain_then_tree, tree_attention_mask
 
 
 @st.composite

@@ -2,7 +2,7 @@
 
 import torch
 
-from decoder import Acceptance, DraftTree, Sampling, VerifyInput, verify
+from treewise.decoder import Acceptance, DraftTree, Sampling, VerifyInput, verify
 
 V = 6
 

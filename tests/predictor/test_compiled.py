@@ -10,12 +10,12 @@ import lightgbm as lgb
 import numpy as np
 import pytest
 
-from decoder import NodeLogWriter, StaticTree, TreeDecoder
-from decoder.nodelog import read_node_logs
-from predictor import AcceptancePredictor, select_rows
-from predictor.compiled import CACHE_DIR, DIGEST_SUFFIX, OBJECT_SUFFIX
-from predictor.features import NodeRows, encode
-from predictor.model import PredictorError
+from treewise.decoder import NodeLogWriter, StaticTree, TreeDecoder
+from treewise.decoder.nodelog import read_node_logs
+from treewise.predictor import AcceptancePredictor, select_rows
+from treewise.predictor.compiled import CACHE_DIR, DIGEST_SUFFIX, OBJECT_SUFFIX
+from treewise.predictor.features import NodeRows, encode
+from treewise.predictor.model import PredictorError
 
 DATA = Path(__file__).resolve().parents[2] / "data"
 SHIPPED = ("model.txt", "feature_schema.json", "config.json", "calibration.json")

@@ -8,23 +8,23 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from predictor import PredictorConfig
-from predictor.baselines import DomainDepthTable
-from predictor.crossfit import cross_fit
-from predictor.derived import derived_columns
-from predictor.evaluate import evaluate
-from predictor.features import select_rows
-from predictor.heldout import ONLINE, PREDICTOR, evaluate_heldout, heldout_ablation, prepare
-from predictor.model import train
-from predictor.online import OnlineConfig
-from predictor.sources import (
+from treewise.predictor import PredictorConfig
+from treewise.predictor.baselines import DomainDepthTable
+from treewise.predictor.crossfit import cross_fit
+from treewise.predictor.derived import derived_columns
+from treewise.predictor.evaluate import evaluate
+from treewise.predictor.features import select_rows
+from treewise.predictor.heldout import ONLINE, PREDICTOR, evaluate_heldout, heldout_ablation, prepare
+from treewise.predictor.model import train
+from treewise.predictor.online import OnlineConfig
+from treewise.predictor.sources import (
     SourceError,
     keep_suite_split,
     read_suite_sources,
     source_family,
     source_groups,
 )
-from predictor.synthetic import SyntheticSpec, make_synthetic_logs
+from treewise.predictor.synthetic import SyntheticSpec, make_synthetic_logs
 
 FEATURES = ["domain", "depth", "draft_logprob", "draft_entropy", "running_accept_rate", "recent_accepted",
             "parent_margin"]

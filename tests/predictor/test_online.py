@@ -5,8 +5,8 @@ import itertools
 import numpy as np
 import pytest
 
-from predictor.metrics import binary_metrics
-from predictor.online import OnlineCalibrator, OnlineConfig, infer_step_labels, logit
+from treewise.predictor.metrics import binary_metrics
+from treewise.predictor.online import OnlineCalibrator, OnlineConfig, infer_step_labels, logit
 
 WIDTHS = (3, 2, 1)  # children per node by level: 3 + 6 + 6 nodes
 

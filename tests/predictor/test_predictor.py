@@ -13,16 +13,16 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from decoder.nodelog import SCHEMA, write_atomic
-from predictor import AcceptancePredictor, FeatureSchemaError, PredictorConfig, select_rows, train
-from predictor.baselines import _refit_threshold, hf_confidence_threshold
-from predictor.calibration import fit_isotonic, pool_adjacent_violators
-from predictor.config import LightGBMParams
-from predictor.evaluate import evaluate
-from predictor.features import conditional_mask, request_keys
-from predictor.metrics import auc, binary_metrics, ece
-from predictor.split import split_by_prompt
-from predictor.synthetic import SyntheticSpec, make_synthetic_logs
+from treewise.decoder.nodelog import SCHEMA, write_atomic
+from treewise.predictor import AcceptancePredictor, FeatureSchemaError, PredictorConfig, select_rows, train
+from treewise.predictor.baselines import _refit_threshold, hf_confidence_threshold
+from treewise.predictor.calibration import fit_isotonic, pool_adjacent_violators
+from treewise.predictor.config import LightGBMParams
+from treewise.predictor.evaluate import evaluate
+from treewise.predictor.features import conditional_mask, request_keys
+from treewise.predictor.metrics import auc, binary_metrics, ece
+from treewise.predictor.split import split_by_prompt
+from treewise.predictor.synthetic import SyntheticSpec, make_synthetic_logs
 
 
 @pytest.fixture(scope="module")
@@ -244,7 +244,7 @@ def test_config_rejects_unknown_features_and_bad_fractions() -> None:
 
 
 def test_cli_train_and_evaluate_end_to_end(tmp_path: Path) -> None:
-    from studies.learn.cli import register
+    from treewise.studies.learn.cli import register
 
     run = tmp_path / "runs" / "syn" / "nodes"
     run.mkdir(parents=True)

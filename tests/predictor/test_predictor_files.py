@@ -13,10 +13,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from decoder import TreewiseError
-from decoder.nodelog import write_atomic
-from predictor import AcceptancePredictor, PredictorConfig, select_rows, train
-from predictor.synthetic import SyntheticSpec, make_synthetic_logs
+from treewise.decoder import TreewiseError
+from treewise.decoder.nodelog import write_atomic
+from treewise.predictor import AcceptancePredictor, PredictorConfig, select_rows, train
+from treewise.predictor.synthetic import SyntheticSpec, make_synthetic_logs
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -6,10 +6,10 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from decoder.nodelog import SCHEMA
-from studies.acceptance.claims import SEED, judge_claims
-from studies.acceptance.results import DomainStats, DomainVsDepth
-from studies.acceptance.stats import (
+from treewise.decoder.nodelog import SCHEMA
+from treewise.studies.acceptance.claims import SEED, judge_claims
+from treewise.studies.acceptance.results import DomainStats, DomainVsDepth
+from treewise.studies.acceptance.stats import (
     RankPlan,
     encode,
     fold_of_groups,
@@ -17,7 +17,7 @@ from studies.acceptance.stats import (
     prompt_bootstrap,
     spearman,
 )
-from studies.acceptance.study import StudyConfig, analyze
+from treewise.studies.acceptance.study import StudyConfig, analyze
 
 FAST = StudyConfig(bootstrap_reps=200, seed=0)
 

@@ -5,7 +5,7 @@ import json
 from conftest import write_suite
 from typer.testing import CliRunner
 
-from studies.cli import app
+from treewise.studies.cli import app
 
 
 def test_bench_cli_json(tiny_pair_dir, tmp_path) -> None:
@@ -59,7 +59,7 @@ def test_decode_cli_streams(tiny_pair_dir) -> None:
 
 
 def test_latency_cli_writes_a_profile(tiny_pair_dir, tmp_path) -> None:
-    from controller import LatencyProfile
+    from treewise.controller import LatencyProfile
 
     out = tmp_path / "latency.json"
     res = CliRunner().invoke(app, ["latency", "--out", str(out), "--context", "16", "--target",
@@ -74,9 +74,9 @@ def test_batched_bench_json_contract(tokenizer) -> None:
     """Every (batch size, row) pair is measured against batched plain decoding; rows match solo greedy."""
     from conftest import make_model
 
-    from decoder import TreeDecoder
-    from studies.bench.batched import PLAIN, BatchBenchResult, run_batch_bench
-    from studies.shared.suites import Prompt
+    from treewise.decoder import TreeDecoder
+    from treewise.studies.bench.batched import PLAIN, BatchBenchResult, run_batch_bench
+    from treewise.studies.shared.suites import Prompt
 
     dec = TreeDecoder(make_model("llama", 0), make_model("llama", 1, layers=1), tokenizer)
     prompts = [Prompt(id=f"p{i}", domain="code", prompt=text) for i, text in

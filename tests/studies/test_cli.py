@@ -13,12 +13,12 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from studies.cli import app
+from treewise.studies.cli import app
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-HEAVY = ("torch", "transformers", "optuna", "lightgbm", "matplotlib", "pyarrow", "numpy", "decoder", "predictor",
-         "controller")
+HEAVY = ("torch", "transformers", "optuna", "lightgbm", "matplotlib", "pyarrow", "numpy", "treewise.decoder",
+         "treewise.predictor", "treewise.controller")
 _INVOCATION = re.compile(r"treewise (study acceptance|[a-z][a-z-]*)([^`|\n]*)")
 
 
@@ -35,8 +35,10 @@ def _commands() -> dict[str, Any]:
 
 
 def test_building_the_command_imports_no_heavy_library() -> None:
-    code = ("import sys, json, studies.cli; "
-            f"print(json.dumps(sorted({{m.split('.')[0] for m in sys.modules}} & set({list(HEAVY)!r}))))")
+    code = ("import sys, json, treewise.studies.cli; "
+            "top = {'.'.join(m.split('.')[:2]) if m.startswith('treewise.') else m.split('.')[0] "
+            "for m in sys.modules}; "
+            f"print(json.dumps(sorted(top & set({list(HEAVY)!r}))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
     assert json.loads(out.stdout) == []
 
@@ -71,8 +73,8 @@ def test_help_of_every_command(name: str) -> None:
 
 
 def test_studies_data_dir_matches_the_decoder(monkeypatch, tmp_path) -> None:
-    from decoder import paths as decoder_paths
-    from studies.shared import paths as studies_paths
+    from treewise.decoder import paths as decoder_paths
+    from treewise.studies.shared import paths as studies_paths
 
     monkeypatch.delenv("TREEWISE_DATA", raising=False)
     assert studies_paths.data_dir() == decoder_paths.data_dir() == ROOT / "data"

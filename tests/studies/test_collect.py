@@ -15,14 +15,14 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-import studies.collect.collector as collect_mod
-from decoder import Chain, StaticTree
-from studies.acceptance import cli as acceptance_cli
-from studies.acceptance.study import analyze
-from studies.collect import cli as collect_cli
-from studies.collect.collector import CollectConfig, collect, load_decoder, plan_collect, run_collect
-from studies.shared.runs import RunError, load_run
-from studies.shared.treespec import TreeSpecError, parse_tree_spec
+import treewise.studies.collect.collector as collect_mod
+from treewise.decoder import Chain, StaticTree
+from treewise.studies.acceptance import cli as acceptance_cli
+from treewise.studies.acceptance.study import analyze
+from treewise.studies.collect import cli as collect_cli
+from treewise.studies.collect.collector import CollectConfig, collect, load_decoder, plan_collect, run_collect
+from treewise.studies.shared.runs import RunError, load_run
+from treewise.studies.shared.treespec import TreeSpecError, parse_tree_spec
 
 DOMAINS = ("dialogue", "code", "math", "logic")
 

@@ -15,12 +15,12 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from studies.acceptance import cli as acceptance_cli
-from studies.collect import cli as collect_cli
-from studies.collect.collector import CollectConfig, collect, plan_collect
-from studies.learn import cli as learn_cli
-from studies.shared.locks import LockedError
-from studies.shared.runs import load_run
+from treewise.studies.acceptance import cli as acceptance_cli
+from treewise.studies.collect import cli as collect_cli
+from treewise.studies.collect.collector import CollectConfig, collect, plan_collect
+from treewise.studies.learn import cli as learn_cli
+from treewise.studies.shared.locks import LockedError
+from treewise.studies.shared.runs import load_run
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -119,7 +119,7 @@ def test_unknown_domain_names_the_known_ones(suite, tiny_pair_dir, tmp_path):
 
 
 def test_train_reads_only_finished_prompts_of_a_run(suite, tiny_pair_dir, tmp_path):
-    from studies.learn.data import read_runs
+    from treewise.studies.learn.data import read_runs
 
     out = tmp_path / "run"
     assert collect(_config(suite, tiny_pair_dir, out, 8)).complete

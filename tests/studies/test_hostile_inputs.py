@@ -10,9 +10,9 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from studies.collect import cli as collect_cli
-from studies.learn import cli as learn_cli
-from studies.shared.runs import RunError, read_manifest, read_record
+from treewise.studies.collect import cli as collect_cli
+from treewise.studies.learn import cli as learn_cli
+from treewise.studies.shared.runs import RunError, read_manifest, read_record
 
 
 def _app() -> typer.Typer:
@@ -78,7 +78,7 @@ def test_corrupt_manifest_and_record_name_the_field(tmp_path, text, needle) -> N
 
 
 def _pair_app() -> typer.Typer:
-    from studies.pair import cli as pair_cli
+    from treewise.studies.pair import cli as pair_cli
 
     app = typer.Typer()
     pair_cli.register(app)

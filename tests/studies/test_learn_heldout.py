@@ -6,8 +6,8 @@ from pathlib import Path
 import typer
 from typer.testing import CliRunner
 
-from decoder.nodelog import write_atomic
-from predictor.synthetic import SyntheticSpec, make_synthetic_logs
+from treewise.decoder.nodelog import write_atomic
+from treewise.predictor.synthetic import SyntheticSpec, make_synthetic_logs
 
 
 def _fixture(tmp_path: Path) -> tuple[Path, Path]:
@@ -29,7 +29,7 @@ def _fixture(tmp_path: Path) -> tuple[Path, Path]:
 
 
 def _app() -> typer.Typer:
-    from studies.learn.cli import register
+    from treewise.studies.learn.cli import register
 
     app = typer.Typer()
     register(app)
@@ -87,7 +87,7 @@ def test_train_on_one_suite_split_and_evaluate_with_online(tmp_path: Path) -> No
 
 
 def test_bench_only_names_unknown_rows() -> None:
-    from studies.cli import app
+    from treewise.studies.cli import app
 
     res = CliRunner().invoke(app, ["bench", "--only", "nonexistent"])
     assert res.exit_code != 0 and "learned_no_online" in res.output

@@ -7,8 +7,8 @@ from itertools import pairwise
 import numpy as np
 import pytest
 
-from studies.shared.measure import measure, paired_ratio, rank_rows, row_order
-from studies.shared.suites import Prompt
+from treewise.studies.shared.measure import measure, paired_ratio, rank_rows, row_order
+from treewise.studies.shared.suites import Prompt
 
 
 def test_row_order_is_a_seeded_permutation() -> None:

@@ -14,9 +14,9 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from decoder import Chain, StaticTree, TreewiseError
-from studies.shared.suites import Prompt, SuiteError, load_suite
-from studies.shared.treespec import TreeSpecError, parse_tree_spec
+from treewise.decoder import Chain, StaticTree, TreewiseError
+from treewise.studies.shared.suites import Prompt, SuiteError, load_suite
+from treewise.studies.shared.treespec import TreeSpecError, parse_tree_spec
 
 FAST = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 # Kinds whose build needs no shipped file (learned/budgeted load the predictor; their parsing is still fuzzed).

@@ -5,10 +5,18 @@ import json
 import pytest
 from conftest import DraftProb, make_model, write_suite
 
-from controller import BudgetsFile, DomainBudget, LearnedTree
-from decoder import TreeDecoder
-from studies.bench.profile import STAGES, _Row, _rows, _summary, _TimedMatrixPredictor, _TimedPredictor, run_profile
-from studies.shared.config import ProfileConfig
+from treewise.controller import BudgetsFile, DomainBudget, LearnedTree
+from treewise.decoder import TreeDecoder
+from treewise.studies.bench.profile import (
+    STAGES,
+    _Row,
+    _rows,
+    _summary,
+    _TimedMatrixPredictor,
+    _TimedPredictor,
+    run_profile,
+)
+from treewise.studies.shared.config import ProfileConfig
 
 
 @pytest.fixture(scope="module")

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from studies.pair.corpus.prompts import Fingerprint
-from studies.shared.suites import load_suite
+from treewise.studies.pair.corpus.prompts import Fingerprint
+from treewise.studies.shared.suites import load_suite
 
 DATA = Path(__file__).resolve().parents[2] / "data"
 DOMAINS = ("code", "math", "logic", "dialogue", "knowledge", "creative", "structured", "instruction")
@@ -61,7 +61,7 @@ def test_fingerprint_detects_corpus_text():
 
 
 def test_demo_picks_two_test_prompts_per_domain_from_distinct_sources(prompts, monkeypatch):
-    from studies.pair.demo import data_dir, pick_prompts
+    from treewise.studies.pair.demo import data_dir, pick_prompts
 
     monkeypatch.setenv("TREEWISE_DATA", "/somewhere/else")
     assert str(data_dir()) == "/somewhere/else"

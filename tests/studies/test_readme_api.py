@@ -31,8 +31,9 @@ def test_python_api_snippet_defines_every_name_it_uses() -> None:
             elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
                 defined.add(node.id)
     assert undefined == [], f"README's API snippet uses undefined names: {undefined}"
-    imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module == "decoder"
+    imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module == "treewise"
                 for a in n.names}
-    import decoder
+    import treewise
 
-    assert imported <= set(decoder.__all__)
+    assert imported  # the snippet imports from the documented namespace
+    assert imported <= set(treewise.__all__)

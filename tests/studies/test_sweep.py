@@ -6,8 +6,8 @@ import pytest
 from conftest import DraftProb, write_suite
 from typer.testing import CliRunner
 
-from studies.bench.sweep_config import SweepConfig
-from studies.cli import app
+from treewise.studies.bench.sweep_config import SweepConfig
+from treewise.studies.cli import app
 
 
 def _check_contract(data: dict, budgets: list[int], policies: list[str]) -> None:
@@ -37,8 +37,8 @@ def _check_contract(data: dict, budgets: list[int], policies: list[str]) -> None
 def test_run_sweep_json_contract(tokenizer, tmp_path) -> None:
     from conftest import make_model
 
-    from decoder import TreeDecoder
-    from studies.bench.sweep import SweepResult, run_sweep
+    from treewise.decoder import TreeDecoder
+    from treewise.studies.bench.sweep import SweepResult, run_sweep
 
     dec = TreeDecoder(make_model("llama", 0), make_model("llama", 1, layers=1), tokenizer)
     cfg = SweepConfig(suite=write_suite(tmp_path), per_domain=1, max_new_tokens=12, budgets=[8, 2, 2], repeats=2)

@@ -9,9 +9,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
 
-from decoder.errors import TreewiseError
-from studies.pair.corpus.build import DOMAINS, Corpus
-from studies.pair.train import (
+from treewise.decoder.errors import TreewiseError
+from treewise.studies.pair.corpus.build import DOMAINS, Corpus
+from treewise.studies.pair.train import (
     ModelShape,
     PairConfig,
     encode_docs,
@@ -97,7 +97,7 @@ def test_warm_start_refuses_other_tokenizer_shape_or_folder(toy, tmp_path):
 
 
 def test_card_lists_every_run_of_a_warm_started_pair():
-    from studies.pair.card import train_rows
+    from treewise.studies.pair.card import train_rows
 
     run = {"stage": "target", "steps": 10, "tokens": 1000, "seconds": 60.0, "final_loss": 3.0, "params": 10}
     meta = {"shapes": {"target": "1 x 32", "draft": "1 x 16"}}
@@ -109,8 +109,8 @@ def test_card_lists_every_run_of_a_warm_started_pair():
 
 
 def test_loop_detector_and_card_verdict():
-    from studies.pair.card import checks
-    from studies.pair.evaluate import ends_in_loop, repeated_ngram_fraction
+    from treewise.studies.pair.card import checks
+    from treewise.studies.pair.evaluate import ends_in_loop, repeated_ngram_fraction
 
     rng = np.random.default_rng(0)
     varied = rng.integers(0, 5000, 96).tolist()
@@ -125,7 +125,7 @@ def test_loop_detector_and_card_verdict():
 
 
 def test_whole_recipe_on_a_toy_corpus_then_warm_start(tmp_path):
-    from studies.pair.train import resolve_device, save_corpus, train_pair
+    from treewise.studies.pair.train import resolve_device, save_corpus, train_pair
 
     work, out = tmp_path / "work", tmp_path / "out"
     work.mkdir()

@@ -15,9 +15,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
-from decoder.errors import TreewiseError
-from studies.pair.corpus.build import DOMAINS, Corpus
-from studies.pair.train import save_corpus
+from treewise.decoder.errors import TreewiseError
+from treewise.studies.pair.corpus.build import DOMAINS, Corpus
+from treewise.studies.pair.train import save_corpus
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -26,8 +26,8 @@ ROOT = Path(__file__).resolve().parents[2]
 DRIVER = """
 import sys
 from pathlib import Path
-from studies.pair.config import ModelShape, PairConfig
-from studies.pair.train import train_pair
+from treewise.studies.pair.config import ModelShape, PairConfig
+from treewise.studies.pair.train import train_pair
 work, out, minutes = Path(sys.argv[1]), Path(sys.argv[2]), float(sys.argv[3])
 tiny = ModelShape(layers=1, hidden=32, heads=2, ffn=64)
 cfg = PairConfig(minutes=minutes, threads=1, work=work, out=out, vocab_size=300, window=16, context=32, batch=4,
@@ -89,7 +89,7 @@ def test_kill_9_mid_training_then_the_rerun_continues(tmp_path: Path) -> None:
 def test_checkpoint_with_pickled_code_or_another_shape_is_refused(tmp_path: Path) -> None:
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from studies.pair.train import _restore
+    from treewise.studies.pair.train import _restore
 
     model = LlamaForCausalLM(LlamaConfig(vocab_size=50, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
                                          num_attention_heads=2, num_key_value_heads=2))

@@ -2,8 +2,8 @@
 
 import pytest
 
-from controller import BudgetsFile, DomainBudget, save_budgets
-from studies.shared.treespec import TreeSpecError, parse_tree_spec
+from treewise.controller import BudgetsFile, DomainBudget, save_budgets
+from treewise.studies.shared.treespec import TreeSpecError, parse_tree_spec
 
 
 def test_learned_spec_reads_the_budgets_file_it_is_given(tmp_path) -> None:

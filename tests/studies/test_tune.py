@@ -15,12 +15,12 @@ import pytest
 from pydantic import ValidationError
 from typer.testing import CliRunner
 
-from controller import DomainBudget, load_budgets
-from decoder import StaticTree, TreeDecoder
-from studies.cli import app
-from studies.tune.config import IntRange, SearchSpace, TuneConfig
-from studies.tune.results import TuneError, open_storage, study_name_for
-from studies.tune.search import tune
+from treewise.controller import DomainBudget, load_budgets
+from treewise.decoder import StaticTree, TreeDecoder
+from treewise.studies.cli import app
+from treewise.studies.tune.config import IntRange, SearchSpace, TuneConfig
+from treewise.studies.tune.results import TuneError, open_storage, study_name_for
+from treewise.studies.tune.search import tune
 
 ROOT = Path(__file__).resolve().parents[2]
 DOMAINS = ("chat", "code")
@@ -181,8 +181,8 @@ def test_learned_family_and_defaults_row_with_a_predictor(dec, suite, tmp_path) 
 
 
 _WORKER = """
-from studies.tune.config import SearchSpace, TuneConfig
-from studies.tune.search import tune
+from treewise.studies.tune.config import SearchSpace, TuneConfig
+from treewise.studies.tune.search import tune
 tune(TuneConfig(suite={suite!r}, domains=["code"], trials=2, storage={storage!r}, study_name="w", seed={seed},
                 finalize=False, max_new_tokens=8, per_domain=1, repeats=1, target={target!r}, draft={draft!r},
                 space=SearchSpace(families=("static", "confidence"))))

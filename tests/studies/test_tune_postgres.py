@@ -12,8 +12,8 @@ from pathlib import Path
 import optuna
 import pytest
 
-from controller import load_budgets
-from studies.tune.results import open_storage
+from treewise.controller import load_budgets
+from treewise.studies.tune.results import open_storage
 
 ROOT = Path(__file__).resolve().parents[2]
 PG_URL = os.environ.get("TREEWISE_PG_URL")

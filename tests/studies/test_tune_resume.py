@@ -15,12 +15,12 @@ import optuna
 import pytest
 from rich.console import Console
 
-from controller import DomainBudget, load_budgets
-from decoder import TreeDecoder
-from studies.tune.config import SearchSpace, TuneConfig
-from studies.tune.report import LiveTuneView
-from studies.tune.results import DEAD_WORKER, open_storage
-from studies.tune.search import tune
+from treewise.controller import DomainBudget, load_budgets
+from treewise.decoder import TreeDecoder
+from treewise.studies.tune.config import SearchSpace, TuneConfig
+from treewise.studies.tune.report import LiveTuneView
+from treewise.studies.tune.results import DEAD_WORKER, open_storage
+from treewise.studies.tune.search import tune
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[2]
 _TREEWISE = textwrap.dedent("""
     import os, sys, time
     from pathlib import Path
-    import studies.tune.search as search
+    import treewise.studies.tune.search as search
 
     marker, hang_at = Path(os.environ["TW_MARKER"]), int(os.environ.get("TW_HANG_TRIAL", "-1"))
     measure, replace = search._measure_trial, os.replace
@@ -50,7 +50,7 @@ _TREEWISE = textwrap.dedent("""
         return replace(src, dst, *args, **kwargs)
 
     search._measure_trial, os.replace = measure_or_hang, replace_or_hang
-    from studies.cli import main
+    from treewise.studies.cli import main
     sys.argv = ["treewise", *sys.argv[1:]]
     main()
 """)
@@ -174,8 +174,8 @@ def test_live_best_so_far_is_the_storage_best_and_a_rerun_says_it_resumes(tiny_p
 
 def test_a_trial_left_running_is_shown_not_hidden_in_the_total(tmp_path) -> None:
     """On a journal file (no heartbeat) a killed worker's trial stays RUNNING: the counts must still add up."""
-    from studies.tune.report import budgets_table
-    from studies.tune.results import build_report
+    from treewise.studies.tune.report import budgets_table
+    from treewise.studies.tune.results import build_report
 
     storage = open_storage(f"journal:///{tmp_path / 'tune.log'}")
     study = optuna.create_study(storage=storage, study_name="j-code", direction="maximize")

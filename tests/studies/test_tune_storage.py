@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from studies.cli import app
-from studies.tune.storage import TuneError, open_storage, parse_storage_url, safe_url
+from treewise.studies.cli import app
+from treewise.studies.tune.storage import TuneError, open_storage, parse_storage_url, safe_url
 
 _NAME = st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789_", min_size=1, max_size=12)
 _PATH = st.lists(_NAME, min_size=1, max_size=4).map("/".join)
