@@ -1,20 +1,20 @@
-"""A request's frontier features written straight into a predictor's input rows (LearnedTree's hot path).
+"""Where each feature a predictor reads comes from, laid out once per request for LearnedTree's level.
 
-``Frontier.numeric_features()`` builds a dict of ~17 arrays per level, which the predictor then copies
-column by column into its float64 matrix: about 0.2 ms a step on this CPU, more than the compiled trees
-themselves. A predictor that also offers ``predict_prefix`` (rows in ``feature_names`` order, categoricals
-as their ``category_code``) gets the matrix filled here instead: the scalars a step's levels share written
-into every row once per step, depth and position per level, the frontier's arrays in one block, the
-parents' columns in one gather. Values are cast through the node log's types first (float32 rates,
-integer depths) so the trees see exactly the numbers training saw; ``tests/controller/test_features.py``
-checks the rows against the dict path on a real decode.
+The level (``controller.level.fill``) writes a frontier's features straight into a float64 matrix whose
+columns follow the predictor's ``feature_names``: the scalars a step's levels share, depth and position, the
+frontier's arrays, the parents' margin and entropy, the token type and the domain as the predictor's category
+codes. ``FeatureLayout`` says which column each source goes to. A predictor that scores such rows
+(``predict_prefix``) takes the matrix; any other ``AcceptanceModel`` gets the same numbers as a dict of
+columns in the node log's types (``FeatureLayout.as_dict``). Step scalars pass through the node log's types
+(float32 rates) so the trees see exactly the numbers training saw; tests/controller/test_features.py holds
+the rows to the node log's encoded features on real decodes.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 import numpy as np
@@ -23,12 +23,6 @@ from treewise.decoder import Frontier, TreewiseError
 from treewise.decoder.nodelog import NUMPY_TYPES, TOKEN_TYPES
 from treewise.predictor.derived import DERIVED_COLUMNS, RequestFeatures
 
-# Frontier columns a predictor may read, by feature name -> ``Frontier.arrays()`` key.
-_ARRAYS: dict[str, str] = {
-    "sibling_rank": "sibling_rank", "draft_logprob": "draft_logprob", "draft_entropy": "draft_entropy",
-    "draft_margin": "draft_margin", "path_logprob": "path_logprob", "parent_draft_prob": "parent_draft_prob",
-    "token_id": "tokens",
-}
 Scalar = Callable[[Frontier, RequestFeatures], float]
 # Values shared by every candidate of a frontier, by feature name: the frontier's and the request's.
 _SCALARS: dict[str, Scalar] = {
@@ -37,9 +31,8 @@ _SCALARS: dict[str, Scalar] = {
     "prev_accepted": lambda f, c: f.prev_accepted, "temperature": lambda f, c: f.temperature,
     "recent_accepted": lambda f, c: c.recent_accepted, "recent_accept_rate": lambda f, c: c.recent_rate,
 }
-_BY_DEPTH = ("depth", "position")  # the only scalars that change between the levels of one step
+_BY_DEPTH = ("depth", "position")  # the only scalars that change between the levels of one step (written per level)
 STEP_SCALARS = tuple(n for n in _SCALARS if n not in _BY_DEPTH)  # the ones every level of a step shares
-_PARENT = ("parent_margin", "parent_entropy")  # per candidate, looked up one level up
 SPECIAL = TOKEN_TYPES.index("special")
 
 
@@ -56,25 +49,9 @@ class MatrixAcceptanceModel(Protocol):
     def predict_prefix(self, x: np.ndarray, n: int) -> np.ndarray: ...
 
 
-Columns = slice | np.ndarray  # a slice when the columns are consecutive (a cheaper write than an index array)
-
-
-def _columns(index: list[int]) -> Columns:
-    if index and index == list(range(index[0], index[0] + len(index))):
-        return slice(index[0], index[0] + len(index))
-    return np.asarray(index, dtype=np.int64)
-
-
 def _kind(name: str) -> type:
     """The numpy type the node log stores a scalar feature as."""
     return NUMPY_TYPES[name] if name in NUMPY_TYPES else DERIVED_COLUMNS[name].to_pandas_dtype()
-
-
-def _typed(name: str, get: Scalar) -> Scalar:
-    """``get`` with its value passed through the node log's type (a rate through float32, as training stored
-    it), then widened to the float64 the trees compare."""
-    kind = _kind(name)
-    return lambda f, c: float(kind(get(f, c)))
 
 
 def raw_step_scalars(f: Frontier, c: RequestFeatures) -> tuple[float, ...]:
@@ -85,125 +62,76 @@ def raw_step_scalars(f: Frontier, c: RequestFeatures) -> tuple[float, ...]:
     return (f.prompt_len, f.running_accept_rate, f.prev_accepted, f.temperature, c.recent_accepted, c.recent_rate)
 
 
-@dataclass
-class FeatureRows:
-    """Per request: the predictor's input matrix, filled one frontier at a time by ``fill``."""
+# The per-level sources the level writes, in the order of ``FeatureLayout.cols`` (-1: the model does not read it).
+SOURCES = ("sibling_rank", "draft_logprob", "draft_entropy", "draft_margin", "path_logprob", "parent_draft_prob",
+           "token_id", "token_type", "parent_margin", "parent_entropy", "depth", "position")
+FILLED = frozenset({"domain", *SOURCES, *STEP_SCALARS})
 
-    model: MatrixAcceptanceModel
+
+def _codes(model: object, feature: str, values: tuple[str, ...]) -> list[int] | None:
+    """The model's category code of each value, or None when it takes no codes for ``feature`` (then a dict
+    model reads the name, as the node log holds it)."""
+    code = getattr(model, "category_code", None)
+    if code is None:
+        return None
+    try:
+        return [code(feature, v) for v in values]
+    except TreewiseError:  # a model that reads the feature as a number
+        return None
+
+
+@dataclass(frozen=True, eq=False)
+class FeatureLayout:
+    """Per request: the matrix column of every source the level fills, and the categoricals' codes."""
+
+    names: tuple[str, ...]  # the model's features, in matrix column order
+    cols: np.ndarray  # [len(SOURCES)] int64: the column of each per-level source, -1 if unread
+    step_map: np.ndarray  # [k, 3] int64: per step scalar read, (column, STEP_SCALARS index, logged as float32)
+    type_codes: np.ndarray  # [len(TOKEN_TYPES)] float64: the model's code of each token type (NaN if unseen)
+    template: np.ndarray  # [width] float64: a row holding the request's domain code (the level never writes it)
     domain: str
-    _names: list[str] = field(init=False, repr=False)  # the model's features, in matrix column order
-    _x: np.ndarray = field(init=False, repr=False)  # [capacity, F] float64, C order
-    _step_cols: Columns = field(init=False, repr=False)  # columns of the scalars shared by a step's levels ...
-    _step_scalars: list[Scalar] = field(init=False, repr=False)  # ... and their values
-    _step_key: tuple[object, ...] = field(default=(), init=False, repr=False)  # what the buffer's step columns hold
-    _level_scalars: list[tuple[int, Scalar]] = field(default_factory=list, init=False, repr=False)  # depth, position
-    _array_cols: Columns = field(init=False, repr=False)  # columns taken from the frontier's arrays ...
-    _array_keys: list[str] = field(default_factory=list, init=False, repr=False)  # ... and their keys
-    _parents: bool = field(default=False, init=False, repr=False)  # the model reads a parent column
-    _type_col: int = field(default=-1, init=False, repr=False)
-    _type_codes: np.ndarray | None = field(default=None, init=False, repr=False)  # TOKEN_TYPES index -> code
-    _parent_cols: Columns = field(init=False, repr=False)  # columns of parent_margin / parent_entropy ...
-    _parent_sel: Columns = field(init=False, repr=False)  # ... their slots in RequestFeatures.parent_rows
+    coded: bool  # the model scores encoded rows (``predict_prefix``); else it takes dicts (``as_dict``)
 
-    @staticmethod
-    def supports(model: object) -> bool:
-        """True when every feature the model reads can be filled here (else the caller uses dicts)."""
-        if not isinstance(model, MatrixAcceptanceModel):
-            return False
-        names = set(model.feature_names)
-        if not names <= {"domain", "token_type", *_ARRAYS, *_SCALARS, *_PARENT}:
-            return False
-        try:  # the two categoricals must have codes (a model that reads them as numbers keeps the dict path)
-            for name, value in (("domain", "unknown"), ("token_type", TOKEN_TYPES[0])):
-                if name in names:
-                    model.category_code(name, value)
-        except TreewiseError:
-            return False
-        return True
+    @classmethod
+    def of(cls, model: object, domain: str) -> FeatureLayout:
+        names = tuple(model.feature_names)  # type: ignore[attr-defined]
+        unknown = sorted(set(names) - FILLED)
+        if unknown:
+            raise TreewiseError(f"LearnedTree cannot compute the features {unknown} at run time (it fills "
+                                f"{sorted(FILLED)}): train the predictor on those features only")
+        types = _codes(model, "token_type", TOKEN_TYPES) if "token_type" in names else None
+        domains = _codes(model, "domain", (domain,)) if "domain" in names else None
+        template = np.zeros(len(names), dtype=np.float64)
+        if "domain" in names:  # an unseen domain is a missing value, as in training
+            template[names.index("domain")] = domains[0] if domains is not None and domains[0] >= 0 else math.nan
+        cols = [names.index(n) if n in names else -1 for n in SOURCES]
+        step_map = [(names.index(n), STEP_SCALARS.index(n), _kind(n) == np.float32) for n in names
+                    if n in STEP_SCALARS]
+        coded = (isinstance(model, MatrixAcceptanceModel) and ("token_type" not in names or types is not None)
+                 and ("domain" not in names or domains is not None))
+        return cls(names, np.asarray(cols, dtype=np.int64), np.asarray(step_map, dtype=np.int64).reshape(-1, 3),
+                   np.asarray([c if c >= 0 else math.nan for c in types] if types is not None
+                              else range(len(TOKEN_TYPES)), dtype=np.float64), template, domain, coded)
 
-    def __post_init__(self) -> None:
-        names = self._names = list(self.model.feature_names)
-        self._x = np.zeros((64, len(names)), dtype=np.float64)
-        scalars = [n for n in names if n in _SCALARS]
-        self._step_cols = _columns([names.index(n) for n in scalars if n not in _BY_DEPTH])
-        self._step_scalars = [_typed(n, _SCALARS[n]) for n in scalars if n not in _BY_DEPTH]
-        self._level_scalars = [(names.index(n), _typed(n, _SCALARS[n])) for n in scalars if n in _BY_DEPTH]
-        arrays = [n for n in names if n in _ARRAYS]
-        self._array_cols = _columns([names.index(n) for n in arrays])
-        self._array_keys = [_ARRAYS[n] for n in arrays]
-        parents = [n for n in names if n in _PARENT]
-        self._parent_cols = _columns([names.index(n) for n in parents])
-        self._parent_sel = _columns([_PARENT.index(n) for n in parents])
-        self._parents = bool(parents)
-        if "token_type" in names:
-            self._type_col = names.index("token_type")
-            codes = [self.model.category_code("token_type", t) for t in TOKEN_TYPES]
-            self._type_codes = np.asarray([c if c >= 0 else math.nan for c in codes], dtype=np.float64)
-        if "domain" in names:  # the request's code in every row, written once (fill never touches it)
-            code = self.model.category_code("domain", self.domain)
-            self._x[:, names.index("domain")] = float(code) if code >= 0 else math.nan  # unseen: missing, as trained
+    def as_dict(self, x: np.ndarray, m: int) -> dict[str, np.ndarray]:
+        """The first ``m`` rows as a dict of columns in the node log's types, the domain as its name and the
+        token type as its index into TOKEN_TYPES (what ``Frontier.numeric_features`` hands a predictor)."""
+        out: dict[str, np.ndarray] = {}
+        for j, name in enumerate(self.names):
+            if name == "domain":
+                out[name] = np.full(m, self.domain, dtype=object)
+            elif name == "token_type":
+                out[name] = x[:m, j].astype(np.int64)
+            else:
+                out[name] = x[:m, j].astype(_kind(name))
+        return out
 
-    def predict(self, frontier: Frontier, context: RequestFeatures, parent: np.ndarray) -> np.ndarray:
-        """[m] float64 acceptance probabilities of the frontier's candidates, from one ``predict_prefix`` call.
 
-        ``parent``: each candidate's parent as a candidate index in the step (-1 for the root)."""
-        m = self.fill(frontier, context, parent)
-        return np.asarray(self.model.predict_prefix(self._x, m), dtype=np.float64)
+def dict_scorer(model: object, layout: FeatureLayout) -> Callable[[np.ndarray, int], np.ndarray]:
+    """Scores the first m rows of the level's matrix with the model's own entry point."""
+    if layout.coded:
+        prefix = model.predict_prefix  # type: ignore[attr-defined]
+        return lambda x, m: np.asarray(prefix(x, m), dtype=np.float64)
+    batch = model.predict_batch  # type: ignore[attr-defined]
+    return lambda x, m: np.asarray(batch(layout.as_dict(x, m)), dtype=np.float64)
 
-    @property
-    def matrix(self) -> np.ndarray:
-        """The whole buffer; rows ``[:m]`` hold the last frontier filled."""
-        return self._x
-
-    def reserve(self, m: int) -> np.ndarray:
-        """The whole matrix, grown when it holds fewer than ``m`` rows (the domain column and the step's scalars
-        carried over from row 0)."""
-        if m > self._x.shape[0]:
-            grown = np.empty((max(m, 2 * self._x.shape[0]), self._x.shape[1]), dtype=np.float64)
-            grown[:] = self._x[0]
-            self._x = grown
-        return self._x
-
-    def step_map(self) -> list[tuple[int, int, bool]]:
-        """Per step scalar the model reads: its matrix column, its index in ``STEP_SCALARS`` and whether the node
-        log stores it as float32 (a native caller rounds the raw value through float32 as training saw it)."""
-        return [(self._names.index(n), STEP_SCALARS.index(n), _kind(n) == np.float32)
-                for n in self._names if n in STEP_SCALARS]
-
-    def source_columns(self, sources: tuple[str, ...]) -> list[int]:
-        """The matrix column of each named feature, -1 for one the model does not read."""
-        return [self._names.index(n) if n in self._names else -1 for n in sources]
-
-    def type_codes(self) -> np.ndarray:
-        """[len(TOKEN_TYPES)] float64: the model's code of each token type (NaN if unseen); empty if unread."""
-        return self._type_codes if self._type_codes is not None else np.zeros(0)
-
-    def fill(self, frontier: Frontier, context: RequestFeatures, parent: np.ndarray) -> int:
-        """Write the frontier's rows into the first ``frontier.size`` rows of ``matrix``; returns that count.
-
-        A handful of numpy calls per level, whatever the feature count: each call right after a model
-        forward costs several microseconds (cold caches), more than its work on a dozen rows."""
-        m = frontier.size
-        x = self.reserve(m)[:m]
-        self._fill_step_scalars(frontier, context)
-        for j, get in self._level_scalars:
-            x[:, j] = get(frontier, context)
-        cols = frontier.arrays()
-        if self._array_keys:  # one [K, m] float64 block from the level's arrays (np.array is one C call)
-            x[:, self._array_cols] = np.array([cols[k] for k in self._array_keys], dtype=np.float64).T
-        if self._type_codes is not None:
-            table = frontier.token_type_table
-            kind = table[cols["tokens"]] if table is not None else SPECIAL
-            x[:, self._type_col] = self._type_codes[kind]
-        if self._parents:
-            x[:, self._parent_cols] = context.parent_rows(parent)[:, self._parent_sel]
-        context.push(cols["draft_margin"], cols["draft_entropy"])
-        return m
-
-    def _fill_step_scalars(self, f: Frontier, c: RequestFeatures) -> None:
-        """Write the scalars every level of a step shares into every row of the buffer, once per step."""
-        key = (f.step, f.position, f.prompt_len, f.running_accept_rate, f.prev_accepted, f.temperature,
-               c.recent_accepted, c.recent_rate)
-        if key != self._step_key:  # a NaN equals only itself (the same object): else rewritten, never stale
-            self._x[:, self._step_cols] = [get(f, c) for get in self._step_scalars]
-            self._step_key = key

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,6 @@ from treewise.decoder.atomic import atomic_dir, recover_dir
 from treewise.decoder.errors import TreewiseError
 from treewise.decoder.nodelog import SCHEMA_VERSION
 from treewise.predictor.calibration import IsotonicCalibrator, fit_isotonic
-from treewise.predictor.compiled import CompiledForest, CompileError, compile_forest, resolve_backend
 from treewise.predictor.config import PredictorConfig
 from treewise.predictor.features import (
     ALL_FEATURE_COLUMNS,
@@ -29,6 +29,7 @@ from treewise.predictor.features import (
     encode,
     select_rows,
 )
+from treewise.predictor.forest import ForestArrays, ForestError, compiled_predict
 from treewise.predictor.metrics import binary_metrics
 from treewise.predictor.split import PromptSplit, SplitMasks, split_by_prompt
 
@@ -38,6 +39,8 @@ METRICS_FILE = "metrics.json"
 CONFIG_FILE = "config.json"
 SPLIT_FILE = "split.json"
 CALIBRATION_FILE = "calibration.json"
+BACKENDS: tuple[str, ...] = ("auto", "lightgbm", "numba")
+BACKEND_ENV = "TREEWISE_PREDICTOR_BACKEND"  # overrides the default "auto" (A/B runs without code changes)
 OWNED_FILES = (MODEL_FILE, SCHEMA_FILE, METRICS_FILE, CONFIG_FILE, SPLIT_FILE, CALIBRATION_FILE)
 
 
@@ -49,17 +52,16 @@ class AcceptancePredictor:
     """P(target accepts a drafted node | its parent is accepted), from pre-verification features.
 
     ``predict_batch`` reuses one feature buffer, so one instance must not be shared between threads.
-    Trees are evaluated by ``forest`` (the model compiled by lleaves, see ``predictor.compiled``) when
-    ``load`` could build it, else by the LightGBM booster; ``backend`` says which, ``backend_reason`` why.
+    Trees are evaluated by ``forest`` (the model's own tree arrays walked by numba-compiled code, see
+    ``predictor.forest``) where numba imports, else by the LightGBM booster; ``backend`` says which,
+    ``backend_reason`` why. Both give the same numbers (tests/predictor/test_forest.py).
     """
 
     def __init__(self, booster: lgb.Booster, schema: FeatureSchema, config: PredictorConfig,
                  calibrator: IsotonicCalibrator | None = None, split: PromptSplit | None = None,
-                 metrics: dict[str, Any] | None = None, forest: CompiledForest | None = None,
-                 backend_reason: str = "not loaded from a folder: nothing compiled") -> None:
+                 metrics: dict[str, Any] | None = None, backend: str | None = None) -> None:
         self.booster = booster
-        self.forest = forest
-        self.backend_reason = "compiled by lleaves" if forest is not None else backend_reason
+        self.forest, self.backend_reason = _forest(booster, resolve_backend(backend))
         self.schema = schema
         self.config = config
         self.calibrator = calibrator
@@ -78,8 +80,8 @@ class AcceptancePredictor:
 
     @property
     def backend(self) -> str:
-        """"lleaves" (compiled trees) or "lightgbm"."""
-        return "lleaves" if self.forest is not None else "lightgbm"
+        """"numba" (the forest's arrays, compiled) or "lightgbm"."""
+        return "numba" if self.forest is not None else "lightgbm"
 
     def category_code(self, feature: str, value: str) -> int:
         """The integer code ``predict_batch`` accepts for a categorical value (-1, a missing value, if unseen),
@@ -104,7 +106,7 @@ class AcceptancePredictor:
         """Probabilities for the first ``n`` rows of an encoded float64 matrix: columns in ``feature_names``
         order, categoricals as their ``category_code``. A caller that keeps one C-contiguous matrix per
         request (``controller.features``) skips building a dict of columns per call."""
-        p = self.forest.predict_prefix(x, n) if self.forest is not None else self.predict_raw(x[:n])
+        p = self.predict_raw(x[:n])
         return self.calibrator(p) if self.calibrator is not None else p
 
     def _encode_into(self, features: Mapping[str, np.ndarray], n: int) -> None:
@@ -128,6 +130,13 @@ class AcceptancePredictor:
     def predict_raw(self, x: np.ndarray) -> np.ndarray:
         """The model's probabilities before calibration, by the compiled forest when there is one."""
         return self.forest.predict(x) if self.forest is not None else self.booster.predict(x, num_threads=1)
+
+    @property
+    def isotonic(self) -> tuple[np.ndarray, np.ndarray]:
+        """The isotonic map's knots (x, y); empty without calibration (a native caller applies it itself)."""
+        if self.calibrator is None:
+            return np.zeros(0), np.zeros(0)
+        return self.calibrator.x, self.calibrator.y
 
     def predict_rows(self, rows: NodeRows, calibrated: bool = True) -> np.ndarray:
         x = encode(rows.columns, self.schema)
@@ -163,10 +172,10 @@ class AcceptancePredictor:
              backend: str | None = None) -> AcceptancePredictor:
         """Load a saved predictor; raise naming any schema mismatch (with the model, decoder or caller).
 
-        ``backend``: "auto" (compiled by lleaves when it can be, else LightGBM), "lleaves" (raise if it cannot
-        be compiled) or "lightgbm"; None reads ``$TREEWISE_PREDICTOR_BACKEND``, default "auto".
+        ``backend``: "auto" (the compiled forest where numba imports, else LightGBM), "numba" (raise if it cannot
+        be had) or "lightgbm"; None reads ``$TREEWISE_PREDICTOR_BACKEND``, default "auto".
         """
-        backend = resolve_backend(backend)
+        resolve_backend(backend)  # an unknown name raises before any file is read
         src = Path(directory)
         recover_dir(src, OWNED_FILES)  # a save killed midway: finish or undo it
         for name in (MODEL_FILE, SCHEMA_FILE, CONFIG_FILE):
@@ -187,20 +196,30 @@ class AcceptancePredictor:
         calibrator = _read(calib_path, IsotonicCalibrator.from_dict) if calib_path.exists() else None
         split = _read(split_path, PromptSplit.from_dict) if split_path.exists() else None
         metrics = _read(metrics_path, dict) if metrics_path.exists() else {}
-        forest, reason = _compiled(src / MODEL_FILE, backend)
-        return cls(booster, schema, config, calibrator, split, metrics, forest, reason)
+        return cls(booster, schema, config, calibrator, split, metrics, backend)
 
 
-def _compiled(model_file: Path, backend: str) -> tuple[CompiledForest | None, str]:
-    """The compiled forest for ``backend`` (None: use LightGBM) and why; a forced "lleaves" failure raises."""
+def resolve_backend(backend: str | None) -> str:
+    """``backend`` or, when None, ``$TREEWISE_PREDICTOR_BACKEND`` or "auto"; an unknown name raises."""
+    name = backend if backend is not None else os.environ.get(BACKEND_ENV, "auto")
+    if name not in BACKENDS:
+        raise PredictorError(f"predictor backend {name!r}: choose one of {', '.join(BACKENDS)}")
+    return name
+
+
+def _forest(booster: lgb.Booster, backend: str) -> tuple[ForestArrays | None, str]:
+    """The forest's arrays for ``backend`` (None: use LightGBM) and why; a forced "numba" that fails raises."""
     if backend == "lightgbm":
         return None, "backend='lightgbm' requested"
-    try:
-        return compile_forest(model_file), "compiled by lleaves"
-    except CompileError as err:
-        if backend == "lleaves":
-            raise PredictorError(f"{err}; load with backend='auto' or 'lightgbm' to use LightGBM") from None
-        return None, f"LightGBM fallback: {err}"
+    why = "numba is not installed (pip install 'treewise[native]')"
+    if compiled_predict() is not None:
+        try:
+            return ForestArrays.from_booster(booster), "LightGBM's trees as arrays, compiled by numba"
+        except ForestError as err:
+            why = str(err)
+    if backend == "numba":
+        raise PredictorError(f"backend 'numba': {why}; load with backend='auto' or 'lightgbm' to use LightGBM")
+    return None, f"LightGBM's predict: {why}"
 
 
 def _retrain(src: Path) -> str:

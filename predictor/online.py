@@ -142,7 +142,7 @@ def newton(p: Sequence[float], y: Sequence[float], w: Sequence[float], m0: float
     p11) on rows of global predictions ``p``, labels ``y`` and weights ``w``; the posterior mean and precision.
 
     Scalar loops only, so one source serves plain floats (``OnlineCalibrator.update``) and numba over arrays
-    (``controller.fused``, a step's update in one native call)."""
+    (``controller.level``, a step's update in one native call)."""
     lo, hi = _CLIP, 1 - _CLIP
     z = [0.0] * len(p)  # each row's logit, once for every iteration (plain floats in the Python path)
     for i in range(len(p)):

@@ -46,7 +46,7 @@ class PolicyProfile(BaseModel):
     stages: dict[str, StageShare]
     outside_forwards_share: float  # everything but the two models' calls
     policy_ms_per_step: float  # policy + predictor
-    predictor_backend: str | None = None  # e.g. "lleaves" or "lightgbm" (AcceptancePredictor.backend)
+    predictor_backend: str | None = None  # e.g. "numba" or "lightgbm" (AcceptancePredictor.backend)
 
 
 class ProfileResult(BaseModel):
@@ -133,7 +133,7 @@ def _summary(row: _Row) -> PolicyProfile:
 
 def _backend(row: _Row) -> str | None:
     """The predictor's backend; "... in the native level" when it ran inside the policy's one native call per
-    level (controller.fused), whose time the policy stage holds (the predictor stage is then 0)."""
+    level (controller.level), whose time the policy stage holds (the predictor stage is then 0)."""
     backend = getattr(row.timer.inner, "backend", None) if row.timer is not None else None
     if backend is not None and getattr(row.policy, "native_level", False):
         return f"{backend} in the native level"

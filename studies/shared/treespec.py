@@ -181,13 +181,13 @@ def _dynamic_chain(**params: Any) -> TreePolicy:
 
 
 def _learned(online: bool | None = None, guard: bool | None = None, budgets: str | None = None,
-             fused: bool | None = None, **params: Any) -> TreePolicy:
+             native: bool | None = None, **params: Any) -> TreePolicy:
     """The shipped LearnedTree; ``budgets`` reads another budgets file (e.g. a ``treewise tune --family learned``
     result); any budget field given overrides the budgets for every domain; ``online=false`` turns the
-    per-request correction off, ``guard=true`` the measured fallback to plain on, ``fused=false`` the native
+    per-request correction off, ``guard=true`` the measured fallback to plain on, ``native=false`` the compiled
     level off (the Python path, for A/B runs)."""
     policy = LearnedTree.default(online=online is not False, guard=guard is True)
-    policy.fused = fused is not False
+    policy.native = native is not False
     if budgets is not None:
         policy.budgets = load_budgets(budgets)
     if given := _given(params):
@@ -216,7 +216,7 @@ register_tree_kind(TreeKind(
         ("node_budget", int), ("max_depth", int), ("max_width", int), ("threshold", float), ("cost_scale", float))}
     | {"online": Param(bool, help="per-request online correction of the predictor (default true)"),
        "guard": Param(bool, help="plain steps where drafting measurably does not pay (default false)"),
-       "fused": Param(bool, help="each level as one native call where numba is installed (default true)"),
+       "native": Param(bool, help="each level as one compiled call where numba is installed (default true)"),
        "budgets": Param(str, help="budgets file to read instead of data/budgets.json")},
     help="LearnedTree with the shipped predictor, budgets (data/budgets.json) and latency profile",
 ))

@@ -1,7 +1,10 @@
-"""``controller.features.FeatureRows``: the rows it writes equal the dict path's encoded rows, number for number,
-and LearnedTree decodes the same trees with either path; the step's exact labels reach the correction."""
+"""``controller.features`` and the level's ``fill``: the rows the level writes equal the features the decoder
+logs (through ``Frontier.numeric_features`` and ``RequestFeatures``), number for number, compiled or in Python;
+LearnedTree decodes the same trees whichever entry point the predictor offers; the step's exact labels reach
+the correction."""
 
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 import numpy as np
 import pytest
@@ -9,8 +12,9 @@ import torch
 from conftest import make_model
 
 from treewise.controller import BudgetsFile, DomainBudget, LearnedTree
-from treewise.controller.features import _SCALARS, STEP_SCALARS, FeatureRows, raw_step_scalars
-from treewise.decoder import Frontier, NodeLogWriter, TreeDecoder
+from treewise.controller.features import _SCALARS, STEP_SCALARS, FeatureLayout, raw_step_scalars
+from treewise.controller.level import DEFAULT_TYPES, LevelState, kernels, python_kernels, tried_rows
+from treewise.decoder import Frontier, NodeLogWriter, StepOutcome, TreeDecoder, TreewiseError
 from treewise.decoder.nodelog import TOKEN_TYPES, read_node_logs
 from treewise.decoder.paths import data_dir
 from treewise.predictor import AcceptancePredictor
@@ -68,34 +72,59 @@ def test_the_raw_step_scalars_follow_step_scalars_order() -> None:
     assert list(raw_step_scalars(f, ctx)) == expected
 
 
-@pytest.mark.parametrize("domain", ["code", "never-seen"])
-def test_rows_equal_the_dict_paths_rows_level_after_level(shipped: AcceptancePredictor, domain: str) -> None:
-    assert FeatureRows.supports(shipped)
-    rows, a, b = FeatureRows(shipped, domain), _context(), _context()
-    levels = [_frontier(1, [-1, -1, -1], 0), _frontier(2, [0, 0, 1, 2, 2], 1), _frontier(3, [3, 4, 4, 7], 2)]
+def _level_rows(model: AcceptancePredictor, levels: list[Frontier], ctx: RequestFeatures, domain: str,
+                native: bool) -> list[np.ndarray]:
+    """Each level's rows as LearnedTree's level writes them (its ``fill``), compiled or as plain Python."""
+    layout = FeatureLayout.of(model, domain)
+    seen: list[np.ndarray] = []
+
+    def score(x: np.ndarray, m: int) -> np.ndarray:
+        seen.append(x[:m].copy())
+        return np.full(m, 0.5)
+
+    k = kernels() if native else python_kernels(score)
+    forest = model.forest.arrays if native else None
+    iso = model.isotonic if native else (np.zeros(0), np.zeros(0))
+    state = LevelState.build(layout, DomainBudget(), [], [], forest, iso)
+    state.begin_step(1.0, 0, 0.0, levels[0].position, None, raw_step_scalars(levels[0], ctx))
+    at = 0
     for f in levels:
-        want = _dict_rows(shipped, f, a, domain)
-        got_p = rows.predict(f, b, f.parent.numpy())
-        np.testing.assert_array_equal(rows.matrix[:f.size], want)  # NaNs in the same places, numbers identical
-        columns = dict(zip(shipped.feature_names, want.T, strict=True))
-        np.testing.assert_array_equal(got_p, shipped.predict_batch(columns))
-    assert np.isfinite(rows.matrix[:4, shipped.feature_names.index("parent_margin")]).all()
+        c = f.columns
+        k.level(*state.args(), f.size, at, f.depth, 0.5, f.token_type_table if f.token_type_table is not None
+                else DEFAULT_TYPES, c["tokens"], c["sibling_rank"], c["draft_logprob"], c["draft_entropy"],
+                c["draft_margin"], c["path_logprob"], c["parent_draft_prob"], c["parent"])
+        if native:
+            seen.append(state.x[:f.size].copy())
+        at += f.size
+    return seen
 
 
-def test_a_model_reading_unknown_features_keeps_the_dict_path() -> None:
+@pytest.mark.parametrize("native", [False, True], ids=["python", "compiled"])
+@pytest.mark.parametrize("domain", ["code", "never-seen"])
+def test_the_levels_rows_equal_the_logged_features_level_after_level(shipped: AcceptancePredictor, domain: str,
+                                                                      native: bool) -> None:
+    if native and kernels() is None:
+        pytest.skip("numba is not installed")
+    levels = [_frontier(1, [-1, -1, -1], 0), _frontier(2, [0, 0, 1, 2, 2], 1), _frontier(3, [3, 4, 4, 7], 2)]
+    got = _level_rows(shipped, levels, _context(), domain, native)
+    ctx = _context()
+    for f, rows in zip(levels, got, strict=True):
+        np.testing.assert_array_equal(rows, _dict_rows(shipped, f, ctx, domain))  # NaNs alike, numbers identical
+    assert np.isfinite(got[1][:, shipped.feature_names.index("parent_margin")]).all()
+
+
+def test_a_model_reading_features_the_level_cannot_fill_is_refused_in_one_line() -> None:
     class Odd:
         feature_names = ["draft_logprob", "something_else"]
 
-        def category_code(self, feature: str, value: str) -> int:
-            return -1
+        def predict_batch(self, features: Mapping[str, np.ndarray]) -> np.ndarray:
+            return np.zeros(1)
 
-        def predict_prefix(self, x: np.ndarray, n: int) -> np.ndarray:
-            return np.zeros(n)
-
-    assert not FeatureRows.supports(Odd())
+    with pytest.raises(TreewiseError, match=r"cannot compute the features \['something_else'\]"):
+        FeatureLayout.of(Odd(), "code")
 
 
-def test_a_model_reading_token_type_as_a_number_keeps_the_dict_path(shipped: AcceptancePredictor) -> None:
+def test_a_model_reading_token_type_as_a_number_gets_dicts(shipped: AcceptancePredictor) -> None:
     class Numeric(DictOnly):
         def category_code(self, feature: str, value: str) -> int:
             if feature == "token_type":
@@ -105,7 +134,15 @@ def test_a_model_reading_token_type_as_a_number_keeps_the_dict_path(shipped: Acc
         def predict_prefix(self, x: np.ndarray, n: int) -> np.ndarray:
             return self.model.predict_prefix(x, n)
 
-    assert FeatureRows.supports(Matrix(shipped)) and not FeatureRows.supports(Numeric(shipped))
+    assert FeatureLayout.of(Matrix(shipped), "code").coded
+    layout = FeatureLayout.of(Numeric(shipped), "code")
+    assert not layout.coded and not FeatureLayout.of(DictOnly(shipped), "code").coded
+    f = _frontier(1, [-1, -1, -1], 0)
+    x = np.zeros((3, len(layout.names)))
+    x[:, layout.names.index("token_type")] = [0, 3, 6]
+    cols = layout.as_dict(x, 3)
+    assert cols["token_type"].tolist() == [0, 3, 6] and cols["domain"].tolist() == ["code"] * 3
+    assert cols["depth"].dtype == np.int16 and f.size == 3  # the node log's types
 
 
 class DictOnly:
@@ -152,20 +189,37 @@ def pair(tokenizer) -> TreeDecoder:
     return TreeDecoder(target, draft, tokenizer)
 
 
-def _policy(model: object) -> LearnedTree:
+@dataclass
+class Labelled(LearnedTree):
+    """LearnedTree that records each step's tried-node labels as the level's arrays give them to the update."""
+
+    labels: list[np.ndarray] = field(default_factory=list)
+
+    def observe(self, outcome: StepOutcome) -> None:
+        r = self._request
+        if outcome.verified > 0:
+            p, y = np.zeros(r.count), np.zeros(r.count)
+            n = tried_rows(r.state.raw, r.state.keep, r.state.parent, r.count, outcome.verified,
+                           np.asarray(outcome.path, dtype=np.int64), p, y)
+            if n > 0:
+                self.labels.append(y[:n].copy())
+        super().observe(outcome)
+
+
+def _policy(model: object) -> Labelled:
     budget = DomainBudget(node_budget=10, max_depth=4, max_width=3, threshold=0.001, cost_scale=0.0)
-    policy = LearnedTree(model, BudgetsFile(default=budget))  # type: ignore[arg-type]
+    policy = Labelled(model, BudgetsFile(default=budget))  # type: ignore[arg-type]
     policy._calibrator = Recording(policy._calibrator.config)
     return policy
 
 
-def test_learned_tree_decodes_the_same_trees_with_either_path(pair: TreeDecoder, shipped, tmp_path) -> None:
+def test_learned_tree_decodes_the_same_trees_with_either_entry_point(pair: TreeDecoder, shipped, tmp_path) -> None:
     fast, slow = _policy(shipped), _policy(DictOnly(shipped))
     log = NodeLogWriter(tmp_path / "nodes")
     a = pair.generate("def f(x):", max_new_tokens=30, tree=fast, domain="code", prompt_id="p", log=log)
     log.close()
     b = pair.generate("def f(x):", max_new_tokens=30, tree=slow, domain="code")
-    assert fast._rows is not None and slow._rows is None
+    assert not slow.native_level and fast.native_level == (kernels() is not None)
     assert a.token_ids == b.token_ids == pair.generate_plain("def f(x):", max_new_tokens=30).token_ids
     assert [s.verified for s in a.stats.steps] == [s.verified for s in b.stats.steps]
     # The correction learned from every tried node with its logged label, step by step.
@@ -180,22 +234,22 @@ def test_learned_tree_decodes_the_same_trees_with_either_path(pair: TreeDecoder,
         tried = np.asarray([q < 0 or q in accepted for q in parent.tolist()])
         if at.any():
             want.append(on[tried].astype(float))
-    got = [labels for _, labels in slow._calibrator.seen]
-    assert len(got) == len(want) and sum(len(w) for w in want) > len(want)
+    assert len(fast.labels) == len(slow.labels) == len(want) and sum(len(w) for w in want) > len(want)
     assert any(w.min() == 0 for w in want) and any(w.max() == 1 for w in want)  # both labels occur
-    for g, w in zip(got, want, strict=True):
-        np.testing.assert_array_equal(g, w)
-    # The fast path labels and updates in one native call (controller.fused): the same posterior every step.
-    assert fast._fused is not None and not fast._calibrator.seen
+    for f, s, w in zip(fast.labels, slow.labels, want, strict=True):
+        np.testing.assert_array_equal(f, w)
+        np.testing.assert_array_equal(s, w)
+    # Every update went through the one step update (compiled or Python): the same posterior every step.
+    assert not fast._calibrator.seen and not slow._calibrator.seen
     assert len(fast._calibrator.absorbed) == len(slow._calibrator.absorbed) == len(want)
     for (pa_, na), (pb, nb) in zip(fast._calibrator.absorbed, slow._calibrator.absorbed, strict=True):
         assert na == nb
         np.testing.assert_allclose(pa_, pb, rtol=1e-12, atol=1e-12)
 
 
-def test_the_native_update_reads_steps_past_its_first_buffers(pair: TreeDecoder, shipped) -> None:
-    """Steps of more candidates than the fused buffers first hold (64) regrow them mid-step; the native update
-    still reads every level of the step: the same posterior as the Python path, step after step."""
+def test_the_update_reads_steps_past_the_first_arrays(pair: TreeDecoder, shipped) -> None:
+    """Steps of more candidates than the level's arrays first hold (64) regrow them mid-step; the update still
+    reads every level of the step: the same posterior either way, step after step."""
     wide = DomainBudget(node_budget=48, max_depth=4, max_width=6, threshold=1e-6, cost_scale=0.0)
 
     def policy(model: object) -> LearnedTree:
@@ -206,7 +260,7 @@ def test_the_native_update_reads_steps_past_its_first_buffers(pair: TreeDecoder,
     fast, slow = policy(shipped), policy(DictOnly(shipped))
     a = pair.generate("def f(x):", max_new_tokens=20, tree=fast, domain="code")
     b = pair.generate("def f(x):", max_new_tokens=20, tree=slow, domain="code")
-    assert a.token_ids == b.token_ids and fast._fused is not None
+    assert a.token_ids == b.token_ids
     assert max(s.drafted for s in a.stats.steps) > 64
     assert len(fast._calibrator.absorbed) == len(slow._calibrator.absorbed) > 3
     for (pa_, na), (pb, nb) in zip(fast._calibrator.absorbed, slow._calibrator.absorbed, strict=True):

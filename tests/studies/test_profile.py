@@ -60,21 +60,20 @@ def test_rows_wrap_only_policies_with_a_predictor(dec) -> None:
     assert rows["static"].timer is None
 
 
-@pytest.mark.parametrize("fused", [False, True])
-def test_the_shipped_learned_tree_keeps_its_path_under_the_timer(dec, fused: bool) -> None:
-    """The timer wraps ``predict_prefix`` too and must not change the path: the Python path still writes rows
-    (those calls are counted); the native level still finds the compiled forest through the wrapper."""
+@pytest.mark.parametrize("native", [False, True])
+def test_the_shipped_learned_tree_keeps_its_path_under_the_timer(dec, native: bool) -> None:
+    """The timer wraps ``predict_prefix`` too and must not change the path: the Python level still scores encoded
+    rows (those calls are counted); the native level still finds the forest's arrays through the wrapper."""
     assert isinstance(_rows(dec, ProfileConfig(trees={"learned": "learned"}))["learned"].timer, _TimedMatrixPredictor)
     policy = LearnedTree.default()
-    policy.fused = fused
+    policy.native = native
     timer = _TimedMatrixPredictor(policy.predictor)
     policy.predictor = timer
     dec.generate("hello tree", 16, tree=policy)
-    assert policy._rows is not None  # the row path, not the dict path
-    if fused and policy.predictor.backend == "lleaves":
+    if native and policy.predictor.backend == "numba":
         assert policy.native_level and timer.calls == 0  # the forest ran inside the level's native call
         row = _Row("learned", lambda p: dec.generate(p, 8, tree=policy), timer, [], policy)
         row.results.append(row.run("hello"))
-        assert _summary(row).predictor_backend == "lleaves in the native level"
+        assert _summary(row).predictor_backend == "numba in the native level"
     else:
         assert not policy.native_level and timer.calls > 0 and timer.seconds > 0
