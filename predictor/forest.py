@@ -115,12 +115,12 @@ def forest_predict(x: np.ndarray, m: int, out: np.ndarray, nodes: np.ndarray, va
     """``out[:m]`` <- the forest's output for rows ``x[:m]``: the leaf values summed in tree order, then the
     sigmoid. Scalar loops only, so numba compiles it (``compiled_predict``) and Python runs it as it is."""
     for r in range(m):
-        row = x[r]
-        score = 0.0
-        for t in range(roots.shape[0]):
+        out[r] = 0.0
+    for t in range(roots.shape[0]):  # trees outer: one tree's nodes stay in cache across the rows
+        for r in range(m):
             i = roots[t]
             while nodes[i, FEATURE] >= 0:
-                v = row[nodes[i, FEATURE]]
+                v = x[r, nodes[i, FEATURE]]
                 flags = nodes[i, FLAGS]
                 go_left = False
                 if flags & CATEGORICAL:
@@ -136,8 +136,10 @@ def forest_predict(x: np.ndarray, m: int, out: np.ndarray, nodes: np.ndarray, va
                     else:
                         go_left = v <= values[i, 0]
                 i = nodes[i, LEFT] if go_left else nodes[i, RIGHT]
-            score += values[i, 0]
-        out[r] = 1.0 / (1.0 + math.exp(-sigmoid * score)) if sigmoid > 0.0 else score
+            out[r] += values[i, 0]
+    if sigmoid > 0.0:
+        for r in range(m):
+            out[r] = 1.0 / (1.0 + math.exp(-sigmoid * out[r]))
 
 
 @functools.cache
