@@ -24,7 +24,7 @@ app = typer.Typer(no_args_is_help=True, add_completion=False, help="Domain-aware
 
 _JOBS = (
     bench_cli,  # bench, decode, latency
-    profile_cli,  # profile
+    profile_cli,  # profile, forest-bench
     pair_cli,  # demo, train-pair, pair-report
     collect_cli,  # collect
     acceptance_cli,  # study acceptance

@@ -86,5 +86,30 @@ def print_profile(result: ProfileResult, console: Console) -> None:
     console.print(table)
 
 
+def forest_bench(
+    model: Annotated[Path, typer.Option(help="predictor folder (holds model.txt)")] = Path("data/predictor"),
+    rows: Annotated[list[int] | None, typer.Option(help="rows per call (repeatable)")] = None,
+    calls: Annotated[int, typer.Option(help="timed calls per size (median)")] = 2000,
+    json_out: Annotated[Path | None, typer.Option("--json", help="write the result as JSON")] = None,
+) -> None:
+    """Microseconds per call of the predictor's forest: numba walk vs LightGBM's predict."""
+    from .forest import time_forest
+
+    console = Console()
+    try:
+        result = time_forest(model, tuple(rows or (4, 16, 64)), calls)
+    except user_errors() as err:
+        fail(console, err)
+    table = Table(title=f"forest of {result.trees} trees ({result.nodes} nodes): median us per call")
+    for col in ("rows", "numba forest", "LightGBM predict"):
+        table.add_column(col, justify="right")
+    for t in result.timings:
+        table.add_row(str(t.rows), "-" if t.numba_us is None else f"{t.numba_us:.1f}", f"{t.lightgbm_us:.1f}")
+    console.print(table)
+    if json_out is not None:
+        write_json(json_out, result, console)
+
+
 def register(app: typer.Typer) -> None:
     app.command()(profile)
+    app.command("forest-bench")(forest_bench)

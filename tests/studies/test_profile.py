@@ -77,3 +77,33 @@ def test_the_shipped_learned_tree_keeps_its_path_under_the_timer(dec, native: bo
         assert _summary(row).predictor_backend == "numba in the native level"
     else:
         assert not policy.native_level and timer.calls > 0 and timer.seconds > 0
+
+
+def test_forest_bench_times_both_evaluators_and_names_a_missing_model(tmp_path) -> None:
+    from treewise.decoder.errors import TreewiseError
+    from treewise.decoder.paths import data_dir
+    from treewise.predictor.forest import compiled_predict
+    from treewise.studies.bench.forest import time_forest
+
+    result = time_forest(data_dir() / "predictor", rows=(3, 5), calls=2)
+    assert [t.rows for t in result.timings] == [3, 5] and result.trees > 0 and result.nodes > result.trees
+    for t in result.timings:
+        assert t.lightgbm_us > 0 and (t.numba_us is None) == (compiled_predict() is None)
+    with pytest.raises(TreewiseError, match="--model"):
+        time_forest(tmp_path, calls=1)
+
+
+def test_split_rows_send_rows_both_ways_at_the_root() -> None:
+    import lightgbm as lgb
+    import numpy as np
+
+    from treewise.decoder.paths import data_dir
+    from treewise.predictor.forest import FEATURE, ForestArrays
+    from treewise.studies.bench.forest import split_rows
+
+    booster = lgb.Booster(model_file=str(data_dir() / "predictor" / "model.txt"))
+    forest = ForestArrays.from_booster(booster)
+    x = split_rows(forest, booster.num_feature(), 400, np.random.default_rng(1))
+    root = forest.roots[0]
+    f, threshold = forest.nodes[root, FEATURE], forest.values[root, 0]
+    assert (x[:, f] <= threshold).any() and (x[:, f] > threshold).any()
