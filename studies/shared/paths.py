@@ -2,7 +2,9 @@
 
 The same rule as ``decoder.paths``, restated here because importing anything under ``decoder`` imports
 torch, and the CLI reads these defaults before it knows whether a command will decode at all;
-tests/studies/test_cli.py holds the two equal.
+tests/studies/test_cli.py holds the two equal. One difference on purpose: ``decoder.paths.data_dir`` raises
+when $TREEWISE_DATA names no folder, this copy does not, because the CLI evaluates its option defaults at import
+and ``treewise --help`` must work whatever the variable says (a command that loads data then gets the error).
 """
 
 from __future__ import annotations

@@ -64,3 +64,22 @@ def test_mismatched_vocab_models() -> None:
 def test_missing_model_folder(tmp_path) -> None:
     with pytest.raises(TreewiseError, match="does not exist"):
         TreeDecoder.from_pretrained(tmp_path / "nope", tmp_path / "nope2")
+
+
+def test_treewise_data_must_name_a_folder(tmp_path, monkeypatch) -> None:
+    """$TREEWISE_DATA overrides the installed data/; a folder that is not there is named, with the fix."""
+    from treewise.decoder.paths import PACKAGED, data_dir, default_pair
+
+    monkeypatch.delenv("TREEWISE_DATA", raising=False)
+    assert data_dir() == PACKAGED and (PACKAGED / "predictor").is_dir()
+    monkeypatch.setenv("TREEWISE_DATA", "")  # empty counts as unset
+    assert data_dir() == PACKAGED
+    monkeypatch.setenv("TREEWISE_DATA", str(tmp_path))
+    assert data_dir() == tmp_path and default_pair() == (tmp_path / "models" / "target", tmp_path / "models" / "draft")
+    for bad in (tmp_path / "missing", tmp_path / "a-file"):
+        if bad.name == "a-file":
+            bad.write_text("")
+        monkeypatch.setenv("TREEWISE_DATA", str(bad))
+        with pytest.raises(TreewiseError, match=r"TREEWISE_DATA=.*is not an existing folder.*unset it") as err:
+            data_dir()
+        assert str(bad) in str(err.value) and str(PACKAGED) in str(err.value)
