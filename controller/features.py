@@ -57,8 +57,8 @@ def _kind(name: str) -> type:
 def raw_step_scalars(f: Frontier, c: RequestFeatures) -> tuple[float, ...]:
     """The step's shared scalars in ``STEP_SCALARS`` order, untyped (for a native caller that types them).
 
-    Spelled out rather than looked up in ``_SCALARS`` (six lambda calls cost ~4 us a step after a forward);
-    tests/controller/test_features.py holds it to the lookups."""
+    Spelled out rather than looked up in ``_SCALARS``: a lambda call per scalar is slow right after a forward
+    (docs/performance.md); tests/controller/test_features.py holds it to the lookups."""
     return (f.prompt_len, f.running_accept_rate, f.prev_accepted, f.temperature, c.recent_accepted, c.recent_rate)
 
 

@@ -44,7 +44,8 @@ class LatencyProfile(BaseModel):
     key: str = ""
     created: str = ""
 
-    # LearnedTree asks for the same few sizes dozens of times a step; np.interp on a scalar costs ~4 us.
+    # LearnedTree asks for the same few sizes dozens of times a step, and np.interp on a scalar is slow next to a
+    # dict hit (docs/performance.md, "Why the hot path looks like this").
     _memo: dict[tuple[bool, float], float] = PrivateAttr(default_factory=dict)
 
     def target_time(self, n: int | float) -> float:

@@ -4,8 +4,9 @@
 ``expand``); the parts are scalar loops over plain arrays, so numba compiles the same source into one native
 call (``kernels()``, when numba imports and the predictor's forest is available as arrays) and Python runs it
 as it is otherwise (the forest then through the predictor's own entry point). A level that runs right after
-a draft forward pays ~13 us for each cold call on this CPU (docs/performance.md), so the compiled level is
-one call; ``observe`` is the step's second (the tried nodes and the correction's update).
+a draft forward pays a fixed cost for each cold call, whatever its arguments (docs/performance.md, "LearnedTree's
+level"), so the compiled level is one call; ``observe`` is the step's second (the tried nodes and the
+correction's update).
 
 ``LevelState`` holds a request's arrays: its constants (feature columns, budget rules, isotonic map, latency
 profile, forest) and the step's buffers by candidate index (values, predictions, keep, children, parents),

@@ -1,10 +1,10 @@
 """A preallocated KV cache: the layers' keys and values share preallocated blocks, compacted by a few copies.
 
 A stock ``DynamicCache`` grows each layer by ``torch.cat`` (a full copy of the layer per forward), and a
-step's compaction moves the accepted rows layer by layer: 2 x layers copies of a few rows each, ~4 us of
-framework overhead apiece on CPU. ``ArenaCache`` keeps the layers that share a shape, dtype and device
-in one ``KVBlock`` ([layers, 2, batch, heads, capacity, head_dim]): a forward writes its new rows in
-place, and a compaction moves a row of every layer's keys and values in one copy.
+step's compaction moves the accepted rows layer by layer: 2 x layers copies of a few rows each, each paying
+the framework's per-call overhead on CPU (docs/performance.md). ``ArenaCache`` keeps the layers that share
+a shape, dtype and device in one ``KVBlock`` ([layers, 2, batch, heads, capacity, head_dim]): a forward
+writes its new rows in place, and a compaction moves a row of every layer's keys and values in one copy.
 It is a stock ``transformers`` cache (a ``Cache`` of ``CacheLayerMixin`` layers): the model is not touched.
 """
 

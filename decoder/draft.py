@@ -35,7 +35,8 @@ class DraftResult:
 
 class DraftProbs(Mapping[int, torch.Tensor]):
     """Tree index -> the draft distribution [V] at that node (expanded nodes only), built on first read: only
-    the sampled acceptance rule reads it, and a tensor view per expanded node costs a few us after a forward.
+    the sampled acceptance rule reads it, and a tensor view per expanded node is a cold call after a forward
+    (docs/performance.md).
 
     ``parts``: per draft forward, the candidate index of each row (-1 for the root) and its probabilities
     [e, V]; ``tree_index``: each candidate's tree index, -1 if it left the tree (None: the root alone)."""
@@ -143,7 +144,8 @@ def _children(exp: _Expanded, mode: DraftMode, gen: torch.Generator | None, entr
 @functools.lru_cache(maxsize=256)
 def _grid(e: int, k: int) -> tuple[np.ndarray, np.ndarray]:
     """Read-only row and rank of each of ``e * k`` children, row-major; cached: two Python-level numpy
-    calls (``repeat``, ``tile``) cost ~30 us right after a draft forward, a cache hit ~1 us."""
+    calls (``repeat``, ``tile``) are slow right after a draft forward, a cache hit is one lookup
+    (docs/performance.md)."""
     rows, rank = np.repeat(np.arange(e), k), np.tile(np.arange(k), e)
     rows.flags.writeable = rank.flags.writeable = False
     return rows, rank
@@ -152,12 +154,13 @@ def _grid(e: int, k: int) -> tuple[np.ndarray, np.ndarray]:
 @functools.lru_cache(maxsize=16)
 def _chain(c: int) -> torch.Tensor:
     """[c, c] bool causal chain, shared (its readers only read it): a full-attention draft never even looks at
-    it (the model builds a causal mask itself), and two torch ops per step cost ~10 us after a forward."""
+    it (the model builds a causal mask itself), and two torch ops per step are slow after a forward
+    (docs/performance.md)."""
     return torch.ones(c, c, dtype=torch.bool).tril()
 
 
 def _entropy(probs: torch.Tensor) -> np.ndarray:
-    """[e] float32 entropy of each row (numpy: about 3x faster than torch's reduction at this size)."""
+    """[e] float32 entropy of each row (numpy: faster than torch's reduction at this size; docs/performance.md)."""
     p = probs.numpy()
     t = np.maximum(p, 1e-30)
     np.log(t, out=t)  # in place: one [e, V] temporary instead of three

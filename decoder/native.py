@@ -2,7 +2,7 @@
 once the policy has planned, its bookkeeping (what is kept, what is fed next and what each fed node sees); and,
 once a step, the step's tree from its candidates.
 
-In numpy the children of a level cost ~100 us on this CPU right after a draft forward (docs/performance.md):
+In numpy the children of a level are slow right after a draft forward (docs/performance.md, "A draft level"):
 ``torch.topk``, a pass of logarithms over [e, V] for the entropies, then a dozen small array ops for the
 columns, each starting cold. Here numba compiles them into one function: a top-k scan that skips 32-token
 chunks whose maximum cannot enter the top k (draft distributions are peaked: most chunks are skipped), the

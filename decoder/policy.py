@@ -83,7 +83,7 @@ class Frontier(_CandidateViews):
     tree_size: int  # nodes already kept in the tree, root excluded
     max_depth: int  # deepest level the decoder allows this step (stop and context limits)
     # Every name of _COLUMNS -> [m] array; tensors are made only when a policy reads one (torch.from_numpy
-    # per column and level cost ~15 us a level right after a draft forward, for policies that read none).
+    # per column and level is a cold call right after a draft forward, paid by policies that read none).
     columns: Mapping[str, np.ndarray] = field(repr=False, compare=False)
     running_accept_rate: float = float("nan")
     prev_accepted: int = -1
@@ -106,8 +106,8 @@ class Frontier(_CandidateViews):
     def from_fields(cls, fields: Mapping[str, object], depth: int, tree_size: int,
                     columns: Mapping[str, np.ndarray]) -> Frontier:
         """A frontier from a step's shared ``fields`` (every other field, by name) and one level's values,
-        unchecked: the frozen ``__init__`` sets its 12 fields one ``object.__setattr__`` at a time, ~10 us a
-        level right after a draft forward; one dict update ~1 us."""
+        unchecked: the frozen ``__init__`` sets its 12 fields one ``object.__setattr__`` at a time, each a cold
+        call right after a draft forward, where one dict update is a single call (docs/performance.md)."""
         frontier = object.__new__(cls)
         frontier.__dict__.update(fields, depth=depth, tree_size=tree_size, columns=columns)
         return frontier
@@ -184,7 +184,7 @@ def candidate_features(c: Frontier | Candidates, depth: np.ndarray, token_type: 
 @dataclass(frozen=True)
 class LevelPlan:
     """A policy's answer for one frontier, held as numpy arrays: a policy may pass torch tensors, which are
-    converted here (the drafter's bookkeeping is numpy, and a torch op per answer cost ~10 us after a forward)."""
+    converted here (the drafter's bookkeeping is numpy, and a torch op per answer is slow right after a forward)."""
 
     keep: np.ndarray  # [m] bool: candidates that enter the tree (ignored at the root level)
     children: np.ndarray  # [m] int: children to draft for each kept candidate (0 = leaf)
@@ -196,7 +196,7 @@ class LevelPlan:
     @classmethod
     def of_arrays(cls, keep: np.ndarray, children: np.ndarray) -> LevelPlan:
         """A plan from numpy arrays taken as they are, unchecked: the frozen ``__init__`` and its conversion
-        check cost ~4 us a level right after a draft forward."""
+        check are cold calls right after a draft forward (docs/performance.md)."""
         plan = object.__new__(cls)
         plan.__dict__.update(keep=keep, children=children)
         return plan
@@ -212,7 +212,7 @@ class LevelPlan:
 @functools.lru_cache(maxsize=256)
 def _uniform_plan(m: int, children: int) -> LevelPlan:
     """Keep all ``m``, ``children`` each: read-only arrays, shared by every caller (two allocations and a
-    plan cost ~10 us a level right after a draft forward; a cache hit ~1 us)."""
+    plan per level are cold calls right after a draft forward, a cache hit one lookup; docs/performance.md)."""
     keep, kids = np.ones(m, dtype=bool), np.full(m, children, dtype=np.int64)
     keep.flags.writeable = kids.flags.writeable = False
     return LevelPlan.of_arrays(keep, kids)

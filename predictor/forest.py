@@ -1,7 +1,7 @@
 """The LightGBM forest as plain arrays, evaluated by one scalar-loop function that numba compiles.
 
-LightGBM's own ``Booster.predict`` spends most of a 4-64 row call in per-call setup (35-200 us on this CPU,
-docs/predictor.md). The trees themselves are a few hundred comparisons a row, so the forest is flattened
+LightGBM's own ``Booster.predict`` spends most of a 4-64 row call in per-call setup (docs/predictor.md, its
+runtime table). The trees themselves are a few hundred comparisons a row, so the forest is flattened
 here once per model (``ForestArrays.from_booster``) and walked by ``forest_predict``: the same source runs
 compiled (``compiled_predict``, numba, cached on disk) inside LearnedTree's native level
 (``controller.level``) or on its own, and as plain Python in tests. Without numba the predictor uses

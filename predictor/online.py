@@ -62,7 +62,7 @@ class OnlineCalibrator:
     new rows' curvature to the precision. The first update starts from the prior, so a request's
     evidence accumulates exactly as in a refit over its whole history up to the Gaussian approximation of
     the earlier steps, but an update costs only its own few rows: plain float arithmetic, no vector ops,
-    about a dozen microseconds for a step of eight tried nodes on this project's CPU.
+    cheap enough to run every step (its measured cost: docs/performance.md).
     """
 
     config: OnlineConfig = field(default_factory=OnlineConfig)
