@@ -15,6 +15,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
 from treewise.studies.shared.commands import fail, user_errors, write_text
+from treewise.studies.shared.paths import data_dir
 
 from .config import DemoConfig, EvalConfig, ModelShape, PairConfig
 
@@ -245,9 +246,41 @@ def fetch_cmd(
     console.print(f"{name}: {folder}")
 
 
+def teacher_cmd(
+    out: Path = typer.Option(Path("runs/smollm2-teacher"), help="Shards and manifest (resumable)."),
+    target: Path | None = typer.Option(None, help="Target folder (default: the fetched SmolLM2)."),
+    suite: Path = typer.Option(data_dir() / "prompts", help="Prompt suite: its train and tune splits are answered."),
+    minutes: float = typer.Option(60.0, help="Budget across restarts."),
+    batch_size: int = typer.Option(8, help="Prompts per generate call."),
+    max_new_tokens: int = typer.Option(128, help="Answer length cap."),
+    top_k: int = typer.Option(32, help="Target logits kept per answer token."),
+    sampled: bool = typer.Option(True, help="Also one sampled answer per prompt (temperature 0.8)."),
+    threads: int = typer.Option(2, help="torch threads."),
+) -> None:
+    """The target's own answers and top-k logits on the suite's train and tune prompts, to distil a draft."""
+    from transformers.utils import logging as hf_logging
+
+    from .fetch import SOURCES, fetch
+    from .teacher import TeacherConfig, run_teacher
+
+    hf_logging.disable_progress_bar()
+    try:
+        folder = target or fetch(SOURCES["smollm2"])
+        cfg = TeacherConfig(target=folder, out=out, suite=suite, minutes=minutes, batch_size=batch_size,
+                            max_new_tokens=max_new_tokens, top_k=top_k, sampled=sampled, threads=threads)
+        with Progress(TextColumn("{task.description}"), BarColumn(), TimeRemainingColumn(), console=console) as bar:
+            task = bar.add_task("teacher answers", total=None)
+            done = run_teacher(cfg, lambda p: bar.update(task, completed=p.done, total=p.total,
+                                                         description=f"teacher answers ({p.tokens} tokens)"))
+    except user_errors() as err:
+        fail(console, err)
+    console.print(f"{done.done}/{done.total} answers, {done.tokens} tokens, {done.elapsed_s / 60:.1f} min: {out}")
+
+
 def register(app: typer.Typer) -> None:
     pair_app = typer.Typer(no_args_is_help=True, help="Real model pairs: fetch and convert.")
     pair_app.command("fetch")(fetch_cmd)
+    pair_app.command("teacher")(teacher_cmd)
     app.add_typer(pair_app, name="pair")
     app.command("train-pair")(train_pair_cmd)
     app.command("pair-report")(pair_report_cmd)
