@@ -46,6 +46,7 @@ def dec(tiny_pair_dir) -> TreeDecoder:
 @pytest.fixture(autouse=True)
 def no_shipped_data(tmp_path, monkeypatch):
     """data_dir() points at an empty folder: no real predictor or budgets leak into the tests."""
+    (tmp_path / "data").mkdir()  # it must exist: data_dir() refuses a TREEWISE_DATA that names no folder
     monkeypatch.setenv("TREEWISE_DATA", str(tmp_path / "data"))
 
 
@@ -191,6 +192,7 @@ tune(TuneConfig(suite={suite!r}, domains=["code"], trials=2, storage={storage!r}
 
 def test_two_worker_processes_share_one_journal(tiny_pair_dir, suite, tmp_path) -> None:
     storage = f"journal:///{tmp_path / 'tune.log'}"
+    assert (tmp_path / "data").is_dir()  # made by no_shipped_data
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TREEWISE_DATA": str(tmp_path / "data"),
            "PYTHONPATH": str(ROOT)}
     procs = [subprocess.Popen([sys.executable, "-c", textwrap.dedent(_WORKER.format(

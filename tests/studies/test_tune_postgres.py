@@ -26,9 +26,10 @@ pytestmark = [
 
 
 def _treewise(args: list[str], tmp_path: Path) -> subprocess.Popen:
+    (tmp_path / "data").mkdir(exist_ok=True)  # an empty data folder: no shipped predictor or budgets
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TREEWISE_DATA": str(tmp_path / "data"), "PYTHONPATH": str(ROOT),
            "COLUMNS": "200"}
-    return subprocess.Popen([sys.executable, "-c", "from studies.cli import main; main()", *args], env=env,
+    return subprocess.Popen([sys.executable, "-c", "from treewise.studies.cli import main; main()", *args], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
