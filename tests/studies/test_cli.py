@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 HEAVY = ("torch", "transformers", "optuna", "lightgbm", "matplotlib", "pyarrow", "numpy", "treewise.decoder",
          "treewise.predictor", "treewise.controller")
-_INVOCATION = re.compile(r"treewise (study acceptance|[a-z][a-z-]*)([^`|\n]*)")
+_INVOCATION = re.compile(r"treewise ((?:study|pair) [a-z][a-z-]*|[a-z][a-z-]*)([^`|\n]*)")  # groups: two words
 
 
 def _commands() -> dict[str, Any]:
