@@ -8,7 +8,7 @@ import torch
 
 from treewise.decoder import Candidates, Frontier, LevelPlan, RequestInfo, StaticTree, StepOutcome, TreePolicy
 
-from .budgets import BudgetsFile, DomainBudget, load_budgets
+from .budgets import BudgetsFile, DomainBudget
 from .guard import PayoffGuard
 from .latency import LatencyProfile
 from .learned import AcceptanceModel, DomainResolver, LearnedTree
@@ -55,12 +55,12 @@ class BudgetedTree:
     _active: TreePolicy = field(default_factory=lambda: StaticTree(), init=False, repr=False)
 
     @classmethod
-    def default(cls, guard: bool = False) -> BudgetedTree:
-        """Shipped budgets (data/budgets.json), predictor, latency profile and domain classifier; ``guard=True``
-        adds a ``PayoffGuard`` (off by default, as in ``LearnedTree.default``)."""
-        learned = LearnedTree.default()
+    def default(cls, guard: bool = False, pair: str | None = None) -> BudgetedTree:
+        """The budgets, predictor and latency profile of the model ``pair`` (as ``LearnedTree.default``) and the
+        domain classifier; ``guard=True`` adds a ``PayoffGuard`` (off by default, as in ``LearnedTree.default``)."""
+        learned = LearnedTree.default(pair=pair)
         payoff = PayoffGuard(learned.latency.target_time(1)) if guard and learned.latency is not None else None
-        return cls(load_budgets(), learned.predictor, learned.latency, learned.classifier, payoff)
+        return cls(learned.budgets, learned.predictor, learned.latency, learned.classifier, payoff)
 
     def start(self, request: RequestInfo) -> None:
         domain = request.domain

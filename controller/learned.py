@@ -35,6 +35,7 @@ import numpy as np
 import torch
 
 from treewise.decoder import Candidates, Frontier, LevelPlan, RequestInfo, StepOutcome
+from treewise.decoder.pairs import pair_files
 from treewise.decoder.paths import data_dir
 from treewise.predictor.derived import RequestFeatures
 from treewise.predictor.forest import ForestArrays
@@ -124,20 +125,23 @@ class LearnedTree:
             self._calibrator = OnlineCalibrator(self.online)
 
     @classmethod
-    def default(cls, latency: LatencyProfile | None = None, online: bool = True, guard: bool = False) -> LearnedTree:
-        """The shipped predictor, budgets, domain classifier and latency profile under data/; ``guard=True`` (with
-        the latency profile) adds a ``PayoffGuard``."""
+    def default(cls, latency: LatencyProfile | None = None, online: bool = True, guard: bool = False,
+                pair: str | None = None) -> LearnedTree:
+        """The shipped predictor, budgets and latency profile of the model ``pair`` (None: ``$TREEWISE_PAIR``,
+        else the real pair; ``decoder.pairs.pair_files`` says which files a pair borrows) and the domain
+        classifier; ``guard=True`` (with the latency profile) adds a ``PayoffGuard``."""
         from treewise.predictor import AcceptancePredictor
 
         from .domains import DomainClassifier
 
-        data = data_dir()
+        files = pair_files(pair)
         profile = latency
-        if profile is None and (data / "latency.json").exists():
-            profile = LatencyProfile.read(data / "latency.json")
-        classifier = DomainClassifier.default() if (data / "domain_classifier.npz").exists() else None
-        predictor = AcceptancePredictor.load(Path(data / "predictor"))
-        return cls(predictor, load_budgets(), profile, classifier, online=OnlineConfig() if online else None,
+        if profile is None and files.latency.exists():
+            profile = LatencyProfile.read(files.latency)
+        budgets = load_budgets(files.budgets) if files.budgets.exists() else BudgetsFile(default=DomainBudget())
+        classifier = DomainClassifier.default() if (data_dir() / "domain_classifier.npz").exists() else None
+        predictor = AcceptancePredictor.load(Path(files.predictor))
+        return cls(predictor, budgets, profile, classifier, online=OnlineConfig() if online else None,
                    guard=PayoffGuard(profile.target_time(1)) if guard and profile is not None else None)
 
     @property

@@ -47,10 +47,11 @@ class TreeDecoder(StepCore):
     @classmethod
     def from_pretrained(cls, target: str | Path, draft: str | Path, device: str | None = None,
                         dtype: str | torch.dtype | None = None, trust_remote_code: bool = False,
-                        allow_unverified: bool = False) -> TreeDecoder:
-        """Load both models and the shared tokenizer (CUDA + bf16 when present, else CPU + float32)."""
+                        allow_unverified: bool = False, chat: bool = False) -> TreeDecoder:
+        """Load both models and the shared tokenizer (CUDA + bf16 when present, else CPU + float32); ``chat``:
+        text prompts are framed by the target's chat template as a user turn (``decoder.chat.chat_ids``)."""
         t, d, tok = load_pair(target, draft, device=device, dtype=dtype, trust_remote_code=trust_remote_code)
-        return cls(t, d, tok, allow_unverified=allow_unverified)
+        return cls(t, d, tok, allow_unverified=allow_unverified, chat=chat)
 
     @torch.inference_mode()
     def generate(self, prompt: str | list[int], max_new_tokens: int = DEFAULTS.max_new_tokens,

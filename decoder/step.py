@@ -16,6 +16,7 @@ from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 from .arena import ArenaCache
 from .capability import attention_layout
+from .chat import chat_ids
 from .draft import DraftContext, DraftResult
 from .errors import TreewiseError
 from .kvcache import Feed, SoloCache
@@ -90,13 +91,14 @@ class StepCore:
     """A target/draft pair and the per-step stages both decode loops use."""
 
     def __init__(self, target: PreTrainedModel, draft: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
-                 verifier: Verifier = verify, allow_unverified: bool = False) -> None:
+                 verifier: Verifier = verify, allow_unverified: bool = False, chat: bool = False) -> None:
         check_pair(target, draft)
         # Refuse what cannot be decoded exactly (recurrent state, flash kernels, ...) before any decoding.
         self.target_layout = attention_layout(target, allow_unverified)
         self.draft_layout = attention_layout(draft, allow_unverified)
         self.target, self.draft, self.tokenizer = target.eval(), draft.eval(), tokenizer
         self.verifier = verifier
+        self.chat = chat  # text prompts become a chat user turn (decoder.chat.chat_ids); token ids stay as given
         self.device = next(target.parameters()).device
         # Looked up once: ``model.dtype`` and ``next(model.parameters())`` walk the module tree on every call.
         self.target_dtype, self.draft_dtype = target.dtype, draft.dtype
@@ -200,7 +202,7 @@ class StepCore:
         if isinstance(prompt, str):
             if not prompt:
                 raise TreewiseError("the prompt is empty: pass at least one character or token id")
-            ids = self.tokenizer(prompt).input_ids
+            ids = chat_ids(self.tokenizer, prompt) if self.chat else self.tokenizer(prompt).input_ids
         else:
             ids = [int(i) for i in prompt]
         if not ids:

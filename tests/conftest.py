@@ -21,6 +21,10 @@ from transformers import (
 )
 
 torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+# The tests decode the embedded micro pair: without this, every command and ``LearnedTree.default()`` would pick
+# the real pair (SmolLM2, fetched from PyPI on first use), which CI neither has nor may download. Set, not
+# defaulted, so a developer's own $TREEWISE_PAIR cannot move the suite; subprocesses inherit it.
+os.environ["TREEWISE_PAIR"] = "micro"
 
 VOCAB = 96
 ARCHS = ("llama", "qwen2", "gpt2")

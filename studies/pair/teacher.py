@@ -24,6 +24,7 @@ import torch
 from pydantic import BaseModel
 
 from treewise.decoder.atomic import atomic_path, write_bytes_atomic
+from treewise.decoder.chat import chat_ids
 from treewise.studies.shared.suites import load_suite
 
 MANIFEST = "manifest.json"
@@ -71,14 +72,6 @@ def teacher_jobs(cfg: TeacherConfig) -> list[TeacherJob]:
 def read_manifest(out: Path) -> dict:
     path = out / MANIFEST
     return json.loads(path.read_text()) if path.is_file() else {"done": [], "elapsed_s": 0.0, "shards": 0, "tokens": 0}
-
-
-def chat_ids(tokenizer: object, text: str, max_tokens: int) -> list[int]:
-    """The prompt as the target's chat template frames a user turn, cut to its last ``max_tokens`` tokens."""
-    ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,  # type: ignore[attr-defined]
-                                        tokenize=True, return_dict=False)
-    ids = list(ids["input_ids"] if isinstance(ids, dict) else ids)
-    return ids[-max_tokens:]
 
 
 def run_teacher(cfg: TeacherConfig, on_progress: Callable[[TeacherProgress], None] | None = None) -> TeacherProgress:

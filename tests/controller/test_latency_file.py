@@ -49,3 +49,22 @@ def test_a_dip_between_measured_sizes_never_makes_more_tokens_cheaper() -> None:
     assert profile.target_time(8) == profile.target_time(4) == 4.86  # the dip is read as flat
     assert profile.target_time(1) == 4.4 and profile.target_time(16) == 5.7  # the rest as measured
     assert profile.target_ms[3] == 4.84  # the file keeps what was measured
+
+
+def test_default_reads_the_pairs_own_files(tmp_path, monkeypatch) -> None:
+    """`LearnedTree.default(pair=)`/`BudgetedTree.default(pair=)` read the named pair's latency profile; the real
+    pair borrows the micro pair's until its own file exists."""
+    from treewise.controller import BudgetedTree
+
+    shutil.copytree(DATA / "predictor", tmp_path / "predictor")
+    micro = LatencyProfile.flat()
+    (tmp_path / "latency.json").write_text(micro.model_dump_json())
+    monkeypatch.setenv("TREEWISE_DATA", str(tmp_path))
+    assert LearnedTree.default(pair="smollm2").latency.target_ms == micro.target_ms  # borrowed
+    own = micro.model_copy(update={"target_ms": [2 * t for t in micro.target_ms]})
+    (tmp_path / "smollm2").mkdir()
+    (tmp_path / "smollm2" / "latency.json").write_text(own.model_dump_json())
+    assert LearnedTree.default(pair="smollm2").latency.target_ms == own.target_ms
+    assert BudgetedTree.default(pair="smollm2").latency.target_ms == own.target_ms
+    assert LearnedTree.default(pair="micro").latency.target_ms == micro.target_ms
+    assert LearnedTree.default().latency.target_ms == micro.target_ms  # the tests' $TREEWISE_PAIR is micro

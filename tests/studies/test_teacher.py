@@ -9,7 +9,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from treewise.studies.pair.teacher import MANIFEST, TeacherConfig, chat_ids, read_manifest, run_teacher
+from treewise.decoder.chat import chat_ids
+from treewise.studies.pair.teacher import MANIFEST, TeacherConfig, read_manifest, run_teacher
 
 TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
             "{% if add_generation_prompt %}<|assistant|>{% endif %}")
