@@ -58,16 +58,17 @@ Batcher = Callable[[list[Prompt]], list[GenerationResult]]
 
 
 def run_batch_bench(dec: TreeDecoder, prompts: list[Prompt], sizes: list[int], specs: dict[str, str],
-                    max_new_tokens: int, repeats: int,
-                    on_progress: Callable[[], None] | None = None) -> BatchBenchResult:
-    """Measure every row at every batch size; ``specs`` maps row name -> tree spec."""
+                    max_new_tokens: int, repeats: int, on_progress: Callable[[], None] | None = None,
+                    pair: str | None = None) -> BatchBenchResult:
+    """Measure every row at every batch size; ``specs`` maps row name -> tree spec (learned and budgeted rows
+    read model ``pair``'s data files)."""
     t_start = time.perf_counter()
     solo = {p.id: dec.generate_plain(p.prompt, max_new_tokens).token_ids for p in prompts}
     batchers: dict[str, Batcher] = {PLAIN: lambda ps: dec.generate_plain_batch([p.prompt for p in ps], max_new_tokens)}
     for name, spec in specs.items():
         batchers[name] = (lambda pol: lambda ps: dec.generate_batch(
             [p.prompt for p in ps], max_new_tokens, tree=pol, domain=[p.domain for p in ps],
-            prompt_ids=[p.id for p in ps]))(build_tree(spec))
+            prompt_ids=[p.id for p in ps]))(build_tree(spec, pair))
     times: dict[tuple[str, int], list[float]] = {}
     outputs: dict[tuple[str, int], list[list[GenerationResult]]] = {}  # per repeat
     names = list(batchers)

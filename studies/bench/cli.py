@@ -14,9 +14,9 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from treewise.studies.shared.commands import write_text
+from treewise.studies.shared.commands import open_pair, write_text
 from treewise.studies.shared.config import BenchConfig
-from treewise.studies.shared.paths import data_dir, default_pair
+from treewise.studies.shared.paths import PAIR_HELP
 
 from .sweep_cli import sweep
 
@@ -39,10 +39,10 @@ def _policy_spec(policy: str) -> str:
     return {"static": f"static:width={d.width},depth={d.depth}", "chain": "chain:length=4"}.get(policy, policy)
 
 
-def _pair(item: str) -> tuple[str, str]:
+def _compared(item: str) -> tuple[str, str]:
     a, colon, b = item.partition(":")
     if not colon or not a or not b:
-        raise typer.BadParameter(f"--pair {item!r}: use A:B with two row names, e.g. learned:static")
+        raise typer.BadParameter(f"--compare {item!r}: use A:B with two row names, e.g. learned:static")
     return a, b
 
 
@@ -58,14 +58,15 @@ def bench(
     only: Annotated[list[str] | None,
                     typer.Option(help="run only these tree rows (repeatable; plain always runs)")] = None,
     no_hf: Annotated[bool, typer.Option("--no-hf", help="skip the HF assisted-generation row")] = False,
-    pair: Annotated[list[str] | None, typer.Option(
+    compare: Annotated[list[str] | None, typer.Option(
         help="A:B compares row A's tokens/s with row B's prompt by prompt, with a 95% bootstrap interval "
              "(repeatable) [default: learned:learned_no_online]")] = None,
     batch_size: Annotated[list[int] | None, typer.Option(
         help="batched bench at these batch sizes (repeatable): tree rows via generate_batch against batched "
              "plain decoding (HF assisted generation has no batches)")] = None,
-    target: Annotated[str | None, typer.Option(help="target id or folder (default: embedded pair)")] = None,
-    draft: Annotated[str | None, typer.Option(help="draft id or folder")] = None,
+    pair: Annotated[str | None, typer.Option(help=PAIR_HELP, show_default=False)] = None,
+    target: Annotated[str | None, typer.Option(help="target id or folder (default: the pair's)")] = None,
+    draft: Annotated[str | None, typer.Option(help="draft id or folder (default: the pair's)")] = None,
     json_out: Annotated[Path | None, typer.Option("--json", help="write the result as JSON")] = None,
 ) -> None:
     """Tokens/s and speedup of tree policies vs plain decoding vs HF assisted generation, side by side."""
@@ -77,8 +78,8 @@ def bench(
 
     console = Console()
     if batch_size:
-        _bench_batched(suite, split, domain, per_domain, max_new_tokens, repeats, tree, batch_size, target, draft,
-                       json_out, console)
+        _bench_batched(suite, split, domain, per_domain, max_new_tokens, repeats, tree, batch_size,
+                       (pair, target, draft), json_out, console)
         return
     trees = dict(_B.trees)
     for item in tree or []:
@@ -91,12 +92,13 @@ def bench(
         if unknown:
             raise typer.BadParameter(f"--only {unknown}: rows are {sorted(trees)}")
         trees = {name: specs for name, specs in trees.items() if name in only}
-    pairs = [_pair(item) for item in pair] if pair else _B.pairs
+    compared = [_compared(item) for item in compare] if compare else _B.compare
     try:
         cfg = BenchConfig(suite=suite, split=split, domains=domain or None, per_domain=per_domain,
                           max_new_tokens=max_new_tokens, repeats=repeats, trees=trees, hf_assisted=not no_hf,
-                          target=target, draft=draft, pairs=pairs)
+                          pair=pair, target=target, draft=draft, compare=compared)
         prompts = select_prompts(cfg)
+        open_pair(console, pair, target, draft)  # fetches the real target on first use, says what it borrows
         dec = load_bench_decoder(cfg)
         with Progress(console=console, transient=True) as progress:
             task = progress.add_task("benchmark", total=len(prompts) * cfg.repeats)
@@ -110,8 +112,9 @@ def bench(
 
 
 def _bench_batched(suite: Path, split: str, domain: list[str] | None, per_domain: int, max_new_tokens: int,
-                   repeats: int, tree: list[str] | None, sizes: list[int], target: str | None, draft: str | None,
-                   json_out: Path | None, console: Console) -> None:
+                   repeats: int, tree: list[str] | None, sizes: list[int],
+                   models: tuple[str | None, str | None, str | None], json_out: Path | None, console: Console) -> None:
+    pair, target, draft = models
     from treewise.decoder import TreewiseError
     from treewise.studies.shared.measure import load_bench_decoder, select_prompts
 
@@ -128,13 +131,14 @@ def _bench_batched(suite: Path, split: str, domain: list[str] | None, per_domain
         raise typer.BadParameter(f"--batch-size must be >= 1, got {sorted(sizes)}")
     try:
         cfg = BenchConfig(suite=suite, split=split, domains=domain or None, per_domain=per_domain,
-                          max_new_tokens=max_new_tokens, repeats=repeats, target=target, draft=draft)
+                          max_new_tokens=max_new_tokens, repeats=repeats, pair=pair, target=target, draft=draft)
         prompts = select_prompts(cfg)
+        open_pair(console, pair, target, draft)
         dec = load_bench_decoder(cfg)
         with Progress(console=console, transient=True) as progress:
             task = progress.add_task("batched benchmark", total=repeats * sum(-(-len(prompts) // b) for b in sizes))
             result = run_batch_bench(dec, prompts, sorted(set(sizes)), specs, max_new_tokens, repeats,
-                                     on_progress=lambda: progress.advance(task))
+                                     on_progress=lambda: progress.advance(task), pair=pair)
     except TreewiseError as err:
         console.print(f"[red]error:[/red] {err}")
         raise typer.Exit(2) from None
@@ -159,21 +163,22 @@ def decode(
                                       show_default=_FROM_DECODER, help="0 = greedy"),
     seed: Annotated[int | None, typer.Option()] = None,
     domain: Annotated[str, typer.Option()] = "unknown",
-    target: Annotated[str | None, typer.Option(help="target id or folder (default: embedded pair)")] = None,
-    draft: Annotated[str | None, typer.Option(help="draft id or folder")] = None,
+    pair: Annotated[str | None, typer.Option(help=PAIR_HELP, show_default=False)] = None,
+    target: Annotated[str | None, typer.Option(help="target id or folder (default: the pair's)")] = None,
+    draft: Annotated[str | None, typer.Option(help="draft id or folder (default: the pair's)")] = None,
 ) -> None:
-    """Decode one prompt, streaming the text, then print the step statistics."""
-    from treewise.decoder import TreeDecoder, TreewiseError
+    """Decode one prompt (a chat pair frames it as a user turn), streaming the text, then the step statistics."""
+    from treewise.decoder import TreewiseError
+    from treewise.studies.shared.pairs import load_pair_decoder
     from treewise.studies.shared.treespec import build_tree
 
     from .report import step_table
 
     console = Console()
-    t_default, d_default = default_pair()
     spec = _policy_spec(policy) if policy is not None else tree if tree is not None else _policy_spec("static")
     try:
-        tree_policy = build_tree(spec)
-        dec = TreeDecoder.from_pretrained(target or t_default, draft or d_default)
+        tree_policy = build_tree(spec, pair)
+        dec = load_pair_decoder(open_pair(console, pair, target, draft))
         shown: list[int] = []
 
         def show(tokens: list[int]) -> None:
@@ -193,19 +198,24 @@ def decode(
 
 
 def latency(
-    out: Annotated[Path, typer.Option(help="where to write the profile")] = data_dir() / "latency.json",
-    target: Annotated[str | None, typer.Option(help="target id or folder (default: embedded pair)")] = None,
-    draft: Annotated[str | None, typer.Option(help="draft id or folder")] = None,
+    out: Annotated[Path | None, typer.Option(
+        help="where to write the profile", show_default="the pair's latency.json: data/latency.json (micro), "
+                                                        "data/smollm2/latency.json (smollm2)")] = None,
+    pair: Annotated[str | None, typer.Option(help=PAIR_HELP, show_default=False)] = None,
+    target: Annotated[str | None, typer.Option(help="target id or folder (default: the pair's)")] = None,
+    draft: Annotated[str | None, typer.Option(help="draft id or folder (default: the pair's)")] = None,
     context: Annotated[int, typer.Option(help="cached tokens under each timed forward")] = 128,
 ) -> None:
     """Measure the pair's forward latency by tree size (LearnedTree's cost model) and write it as JSON."""
     from treewise.controller import measure_latency
-    from treewise.decoder import TreeDecoder, TreewiseError
+    from treewise.decoder import TreewiseError
+    from treewise.decoder.pairs import LATENCY, pair_spec
+    from treewise.studies.shared.pairs import load_pair_decoder
 
     console = Console()
-    t_default, d_default = default_pair()
     try:
-        dec = TreeDecoder.from_pretrained(target or t_default, draft or d_default)
+        out = out or pair_spec(pair).own(LATENCY)
+        dec = load_pair_decoder(open_pair(console, pair, target, draft, files=False))
     except TreewiseError as err:
         console.print(f"[red]error:[/red] {err}")
         raise typer.Exit(2) from None

@@ -97,7 +97,7 @@ class _Row:
 def _rows(dec: TreeDecoder, cfg: ProfileConfig) -> dict[str, _Row]:
     rows = {}
     for name, spec in cfg.trees.items():
-        policy = build_tree(spec)
+        policy = build_tree(spec, cfg.pair)
         timer = None
         if hasattr(policy, "predictor"):
             timed = _TimedMatrixPredictor if hasattr(policy.predictor, "predict_prefix") else _TimedPredictor
@@ -143,7 +143,7 @@ def _backend(row: _Row) -> str | None:
 def run_profile(cfg: ProfileConfig, dec: TreeDecoder | None = None,
                 on_progress: Callable[[], None] | None = None) -> ProfileResult:
     bench_cfg = BenchConfig(suite=cfg.suite, split=cfg.split, domains=cfg.domains, per_domain=cfg.per_domain,
-                            target=cfg.target, draft=cfg.draft)
+                            pair=cfg.pair, target=cfg.target, draft=cfg.draft)
     prompts = select_prompts(bench_cfg)
     dec = dec or load_bench_decoder(bench_cfg)
     rows = _rows(dec, cfg)

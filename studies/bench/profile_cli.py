@@ -13,8 +13,9 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from treewise.studies.shared.commands import fail, user_errors, write_json
+from treewise.studies.shared.commands import fail, open_pair, user_errors, write_json
 from treewise.studies.shared.config import ProfileConfig
+from treewise.studies.shared.paths import PAIR_HELP
 
 if TYPE_CHECKING:
     from .profile import ProfileResult
@@ -36,8 +37,9 @@ def profile(
     max_new_tokens: Annotated[int, typer.Option()] = _P.max_new_tokens,
     tree: Annotated[list[str] | None, typer.Option(
         help="profile NAME=SPEC instead of the default rows (repeatable), e.g. wide=static:width=4,depth=2")] = None,
-    target: Annotated[str | None, typer.Option(help="target id or folder (default: embedded pair)")] = None,
-    draft: Annotated[str | None, typer.Option(help="draft id or folder")] = None,
+    pair: Annotated[str | None, typer.Option(help=PAIR_HELP, show_default=False)] = None,
+    target: Annotated[str | None, typer.Option(help="target id or folder (default: the pair's)")] = None,
+    draft: Annotated[str | None, typer.Option(help="draft id or folder (default: the pair's)")] = None,
     json_out: Annotated[Path | None, typer.Option("--json", help="write the result as JSON")] = None,
 ) -> None:
     """Where a decode step's time goes, stage by stage, for each tree policy."""
@@ -54,7 +56,8 @@ def profile(
             trees[name] = spec
     try:
         cfg = ProfileConfig(suite=suite, split=split, domains=domain or None, per_domain=per_domain,
-                            max_new_tokens=max_new_tokens, trees=trees, target=target, draft=draft)
+                            max_new_tokens=max_new_tokens, trees=trees, pair=pair, target=target, draft=draft)
+        open_pair(console, pair, target, draft)  # fetches the real target on first use, says what it borrows
         with Progress(console=console, transient=True) as progress:
             task = progress.add_task("profile", total=None)
             result = run_profile(cfg, on_progress=lambda: progress.advance(task))

@@ -55,7 +55,7 @@ def build_runners(dec: TreeDecoder, cfg: BenchConfig) -> _Rows:
     for row, candidates in cfg.trees.items():
         for spec in candidates:
             try:
-                policy = build_tree(spec)
+                policy = build_tree(spec, cfg.pair)
             except TreeSpecError:
                 raise
             except (ValueError, OSError) as err:  # e.g. no shipped predictor: the row cannot run here

@@ -25,6 +25,7 @@ from treewise.controller import (
     LearnedTree,
 )
 from treewise.decoder import TreeDecoder, TreePolicy
+from treewise.decoder.pairs import pair_files
 from treewise.predictor.online import OnlineConfig
 from treewise.studies.shared.config import BenchConfig
 from treewise.studies.shared.measure import (
@@ -36,7 +37,6 @@ from treewise.studies.shared.measure import (
     select_prompts,
     summarize,
 )
-from treewise.studies.shared.paths import data_dir
 
 from .sweep_config import SweepConfig
 
@@ -89,11 +89,11 @@ def bench_config(cfg: SweepConfig) -> BenchConfig:
     """The bench settings the sweep's rows share (prompts, tokens, repeats, pair); no tree rows, no HF row."""
     return BenchConfig(suite=cfg.suite, split=cfg.split, domains=cfg.domains, per_domain=cfg.per_domain,
                        max_new_tokens=cfg.max_new_tokens, repeats=cfg.repeats, trees={}, hf_assisted=False,
-                       target=cfg.target, draft=cfg.draft)
+                       pair=cfg.pair, target=cfg.target, draft=cfg.draft)
 
 
 def predictor_dir(cfg: SweepConfig) -> Path:
-    return cfg.predictor if cfg.predictor is not None else data_dir() / "predictor"
+    return cfg.predictor if cfg.predictor is not None else pair_files(cfg.pair).predictor
 
 
 def load_predictor(cfg: SweepConfig) -> tuple[AcceptanceModel, PredictorInfo]:
@@ -154,7 +154,7 @@ def run_sweep(cfg: SweepConfig, dec: TreeDecoder | None = None, predictor: Accep
         predictor, info = load_predictor(cfg)
     elif predictor is not None:
         info = PredictorInfo(path=type(predictor).__name__, model_sha256=None)
-    lat_file = data_dir() / "latency.json"
+    lat_file = pair_files(cfg.pair).latency
     latency = LatencyProfile.read(lat_file) if lat_file.exists() else None
     runners = {PLAIN: lambda p: dec.generate_plain(p.prompt, cfg.max_new_tokens)}
     specs: dict[str, str] = {}

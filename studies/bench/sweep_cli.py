@@ -13,7 +13,8 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.progress import Progress
 
-from treewise.studies.shared.commands import fail, option_default, user_errors, write_json, write_text
+from treewise.studies.shared.commands import fail, open_pair, option_default, user_errors, write_json, write_text
+from treewise.studies.shared.paths import PAIR_HELP
 
 from .sweep_config import POLICY_HELP, SweepConfig
 
@@ -51,9 +52,10 @@ def sweep(
     online: Annotated[bool, typer.Option("--online/--no-online",
                                          help="learned policies: per-request online correction")] = _s("online"),
     predictor: Annotated[Path | None, typer.Option(
-        help="predictor folder", show_default="data/predictor")] = None,
-    target: Annotated[str | None, typer.Option(help="target id or folder (default: embedded pair)")] = None,
-    draft: Annotated[str | None, typer.Option(help="draft id or folder")] = None,
+        help="predictor folder", show_default="the pair's predictor")] = None,
+    pair: Annotated[str | None, typer.Option(help=PAIR_HELP, show_default=False)] = None,
+    target: Annotated[str | None, typer.Option(help="target id or folder (default: the pair's)")] = None,
+    draft: Annotated[str | None, typer.Option(help="draft id or folder (default: the pair's)")] = None,
     json_out: Annotated[Path | None, typer.Option("--json", help="write the result as JSON")] = None,
     plot: Annotated[Path | None, typer.Option(help="write tau against verified nodes as PNG")] = None,
     markdown: Annotated[Path | None, typer.Option(help="write the table and target verdicts as markdown")] = None,
@@ -64,7 +66,7 @@ def sweep(
     try:
         cfg = SweepConfig(suite=suite, split=split, per_domain=per_domain, max_new_tokens=max_new_tokens,
                           repeats=repeats, max_depth=max_depth, top_k=top_k, online=online, predictor=predictor,
-                          target=target, draft=draft, **{k: v for k, v in given.items() if v is not None})
+                          pair=pair, target=target, draft=draft, **{k: v for k, v in given.items() if v is not None})
     except ValidationError as err:
         e = err.errors()[0]
         fail(console, f"--{'-'.join(str(x) for x in e['loc']).replace('_', '-')}: {e['msg']}")
@@ -75,6 +77,7 @@ def sweep(
         from treewise.studies.shared.measure import select_prompts
 
         n = len(select_prompts(bench_config(cfg)))
+        open_pair(console, pair, target, draft)  # fetches the real target on first use, says what it borrows
         with Progress(console=console, transient=True) as progress:
             task = progress.add_task("sweep", total=n * cfg.repeats)
             result = run_sweep(cfg, on_progress=lambda: progress.advance(task))

@@ -12,7 +12,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from treewise.studies.shared.commands import fail, option_default, user_errors, write_json
+from treewise.studies.shared.commands import fail, open_pair, option_default, user_errors, write_json
+from treewise.studies.shared.paths import PAIR_HELP
 
 from .config import CollectConfig
 
@@ -37,8 +38,9 @@ def collect_cmd(
     seed: int = typer.Option(option_default(CollectConfig, "seed"), help="Sampling seed base (temperature > 0)."),
     shard: str = typer.Option(option_default(CollectConfig, "shard"), help="I/N: this process takes prompts i with "
                               "i mod N = I-1 (shards count from 1)."),
-    target: Path = typer.Option(option_default(CollectConfig, "target"), help="Target model folder or hub id."),
-    draft: Path = typer.Option(option_default(CollectConfig, "draft"), help="Draft model folder or hub id."),
+    pair: str = typer.Option(None, help=PAIR_HELP, show_default=False),
+    target: Path = typer.Option(None, help="Target model folder or hub id (default: the pair's)."),
+    draft: Path = typer.Option(None, help="Draft model folder or hub id (default: the pair's)."),
     device: str = typer.Option(None, help="cpu or cuda (default: cuda when present)."),
     batch_size: int = typer.Option(option_default(CollectConfig, "batch_size"),
                                    help="Prompts decoded together in one batch (same node rows as 1)."),
@@ -54,15 +56,16 @@ def collect_cmd(
     try:
         cfg = CollectConfig(out=out, suite=suite, split=split, domains=domain or None, tree=tree,
                             max_new_tokens=max_new_tokens, temperature=temperature, seed=seed, shard=shard,
-                            target=target, draft=draft, device=device, check_greedy=check_greedy,
+                            pair=pair, target=target, draft=draft, device=device, check_greedy=check_greedy,
                             batch_size=batch_size)
+        open_pair(console, pair, target, draft)  # fetches the real target on first use, says what it borrows
         plan = plan_collect(cfg)  # holds the shard's writer lock until released
     except user_errors() as err:
         fail(console, err)
     try:
         console.print(_plan_line(plan))
         if plan.pending:
-            summary = _run_with_progress(plan, load_decoder(cfg))
+            summary = _run_with_progress(plan, load_decoder(plan.config))
         else:
             summary = summarize(plan, read_records(plan.layout.records_dir), 0, {}, 0.0)
     except user_errors() as err:

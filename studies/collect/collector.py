@@ -20,6 +20,7 @@ from pydantic import BaseModel
 
 from treewise.decoder import SCHEMA_VERSION, GenerationResult, NodeLogWriter, TreeDecoder, TreewiseError
 from treewise.studies.shared.locks import FileLock
+from treewise.studies.shared.pairs import load_pair_decoder, resolve_pair
 from treewise.studies.shared.runs import (
     PromptRecord,
     RunManifest,
@@ -113,7 +114,7 @@ class CollectPlan:
 def plan_collect(config: CollectConfig) -> CollectPlan:
     """Validate settings, assign prompts to the shard, reconcile with what is on disk."""
     spec = parse_tree_spec(config.tree)
-    spec.build()  # a bad value (width=0) fails now, not after the models load
+    spec.build(config.pair)  # a bad value (width=0) fails now, not after the models load
     index, count = parse_shard(config.shard)
     split = None if config.split == "all" else config.split
     everything = load_suite(config.suite, split=split, domains=config.domains)
@@ -121,13 +122,15 @@ def plan_collect(config: CollectConfig) -> CollectPlan:
         raise TreewiseError(f"suite {config.suite} has no prompts for split={config.split} "
                             f"domains={config.domains or 'all'}: check --split / --domain")
     mine = [p for i, p in enumerate(everything) if i % count == index - 1]  # round-robin: balanced domains
+    pair = resolve_pair(config.pair, config.target, config.draft)  # the real target is fetched on first use
+    target, draft = Path(pair.target), Path(pair.draft)
+    config = config.model_copy(update={"pair": pair.name, "target": target, "draft": draft})
     manifest = RunManifest(
         tree=spec.canonical, temperature=config.temperature, max_new_tokens=config.max_new_tokens,
         seed=config.seed, suite=str(Path(config.suite).resolve()), split=config.split, domains=config.domains,
         shards=count, prompts=len(everything), suite_fingerprint=suite_fingerprint(everything),
-        target=str(Path(config.target).resolve()), draft=str(Path(config.draft).resolve()),
-        target_fingerprint=model_fingerprint(Path(config.target)),
-        draft_fingerprint=model_fingerprint(Path(config.draft)),
+        target=str(target.resolve()), draft=str(draft.resolve()),
+        target_fingerprint=model_fingerprint(target), draft_fingerprint=model_fingerprint(draft),
         node_schema_version=SCHEMA_VERSION, versions=versions(),
         created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
     )
@@ -146,11 +149,13 @@ def plan_collect(config: CollectConfig) -> CollectPlan:
 
 
 def load_decoder(config: CollectConfig) -> TreeDecoder:
-    for role, path in (("target", config.target), ("draft", config.draft)):
-        if not Path(path).exists() and not _looks_like_hub_id(path):
+    """The pair of ``config`` (``plan.config``: its folders filled in by ``plan_collect``)."""
+    pair = resolve_pair(config.pair, config.target, config.draft)
+    for role, path in (("target", pair.target), ("draft", pair.draft)):
+        if not Path(path).exists() and not _looks_like_hub_id(Path(path)):
             raise TreewiseError(f"{role} model {path} not found: train the embedded pair with `treewise "
                                 f"train-pair`, or pass --target PATH --draft PATH")
-    return TreeDecoder.from_pretrained(str(config.target), str(config.draft), device=config.device)
+    return load_pair_decoder(pair, device=config.device)
 
 
 def _looks_like_hub_id(path: Path) -> bool:
@@ -177,7 +182,7 @@ def collect_batch(plan: CollectPlan, decoder: TreeDecoder, prompts: list[Prompt]
     writers = [NodeLogWriter(layout.nodes_dir, flush_every=1, prefix=f"nodes-{Path(layout.record_path(p.id)).stem}")
                for p in prompts]
     kw = dict(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, run_id=layout.run_dir.name)
-    tree = parse_tree_spec(cfg.tree).build()
+    tree = parse_tree_spec(cfg.tree).build(cfg.pair)
     if len(prompts) == 1:
         p = prompts[0]
         outs = [decoder.generate(p.prompt, tree=tree, seed=_prompt_seed(cfg, p.id), domain=p.domain,
@@ -330,6 +335,6 @@ def collect(config: CollectConfig, on_prompt: Callable[[PromptRecord], None] | N
     try:
         if not plan.pending:
             return summarize(plan, read_records(plan.layout.records_dir), 0, {}, 0.0)
-        return run_collect(plan, load_decoder(config), on_prompt)
+        return run_collect(plan, load_decoder(plan.config), on_prompt)
     finally:
         plan.release()

@@ -23,8 +23,9 @@ class CollectConfig(BaseModel):
     temperature: float = Field(0.0, ge=0.0)
     seed: int = 0
     shard: str = "1/1"
-    target: Path = Field(default_factory=lambda: data_dir() / "models" / "target")
-    draft: Path = Field(default_factory=lambda: data_dir() / "models" / "draft")
+    pair: str | None = None  # a decoder.pairs name; None: $TREEWISE_PAIR, else the real pair (smollm2)
+    target: Path | None = None  # default: the pair's target (plan_collect fills it in)
+    draft: Path | None = None  # default: the pair's draft
     device: str | None = None
     batch_size: int = Field(1, ge=1)  # prompts decoded together (generate_batch); node rows are the same
     check_greedy: bool = True  # greedy runs: decode each prompt with plain target greedy too

@@ -1,4 +1,4 @@
-"""`treewise train-pair`, `treewise pair-report` and `treewise demo`: the embedded model pair's commands.
+"""`treewise train-pair`, `treewise pair-report`, `treewise demo` and `treewise pair ...`: the model pairs' commands.
 
 The module imports no torch: each command imports the stage it runs, so `treewise --help` stays fast."""
 
@@ -14,8 +14,8 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-from treewise.studies.shared.commands import fail, user_errors, write_text
-from treewise.studies.shared.paths import data_dir
+from treewise.studies.shared.commands import fail, open_pair, user_errors, write_text
+from treewise.studies.shared.paths import PAIR_HELP, data_dir
 
 from .config import DemoConfig, EvalConfig, ModelShape, PairConfig
 
@@ -191,38 +191,33 @@ def demo_cmd(
     width: int = typer.Option(DemoConfig().width, help="Static tree width."),
     depth: int = typer.Option(DemoConfig().depth, help="Static tree depth."),
     threads: int = typer.Option(DemoConfig().threads, help="torch threads."),
+    pair: str | None = typer.Option(DemoConfig().pair, help=PAIR_HELP, show_default=False),
+    target: str | None = typer.Option(None, help="Target id or folder (default: the pair's)."),
+    draft: str | None = typer.Option(None, help="Draft id or folder (default: the pair's)."),
+    text: bool = typer.Option(True, help="Print each prompt's generated text."),
+    json_out: Path | None = typer.Option(None, "--json", help="Write the rows, the pair's name and sizes as JSON."),
 ) -> None:
-    """Decode two test prompts per domain with the embedded pair: tree vs plain target decoding."""
-    from .demo import run_demo
+    """Decode test prompts per domain with a model pair: tree vs the target's own greedy decoding, checked equal."""
+    from transformers.utils import logging as hf_logging
 
-    cfg = DemoConfig(per_domain=per_domain, max_new_tokens=max_new_tokens, width=width, depth=depth, threads=threads)
+    from .demo import run_pair_demo
+    from .demo_report import print_demo
+
+    hf_logging.disable_progress_bar()  # the real target's first use converts it: our progress line says so
+    cfg = DemoConfig(per_domain=per_domain, max_new_tokens=max_new_tokens, width=width, depth=depth, threads=threads,
+                     pair=pair)
     try:
-        rows = run_demo(cfg)
+        resolved = open_pair(console, cfg.pair, target, draft, files=False)  # the demo's tree reads no data file
+        with Progress(TextColumn("{task.description}"), console=console, transient=True) as progress:
+            progress.add_task(f"decoding with the {resolved.name} pair", total=None)
+            result = run_pair_demo(cfg, resolved)
     except user_errors() as err:
         fail(console, err)
-    table = Table(title=f"treewise demo: StaticTree(width={width}, depth={depth}) vs target.generate")
-    for name in ("domain", "new", "tau", "tok/s", "plain", "speedup"):
-        table.add_column(name, no_wrap=True)
-    table.add_column("text", no_wrap=True, overflow="ellipsis", max_width=20)
-    for r in rows:
-        table.add_row(
-            r.domain,
-            str(r.new_tokens),
-            f"{r.tau:.2f}",
-            f"{r.tokens_per_s:.0f}",
-            f"{r.plain_tokens_per_s:.0f}",
-            f"{r.speedup:.2f}x",
-            repr(r.text[:40]),
-        )
-    console.print(table)
-    tok = sum(r.new_tokens for r in rows)
-    tree_s = sum(r.new_tokens / r.tokens_per_s for r in rows if r.tokens_per_s)
-    plain_s = sum(r.new_tokens / r.plain_tokens_per_s for r in rows if r.plain_tokens_per_s)
-    console.print(
-        f"all: {tok} tokens, mean tau {sum(r.tau for r in rows) / len(rows):.2f}, "
-        f"tree {tok / tree_s:.0f} tok/s vs plain {tok / plain_s:.0f} tok/s ({plain_s / tree_s:.2f}x); "
-        f"tree output identical to plain greedy in {sum(r.same_as_plain for r in rows)}/{len(rows)} prompts"
-    )
+    print_demo(result, console, show_text=text)
+    if json_out is not None:
+        write_text(json_out, result.model_dump_json(indent=1), console)
+    if not all(r.same_as_plain for r in result.rows):
+        raise typer.Exit(1)
 
 
 def fetch_cmd(

@@ -70,3 +70,4 @@ class DemoConfig(BaseModel):
     width: int = 2
     depth: int = 3  # StaticTree(2, 3): the fastest tree in the card's shape search (Chain(2) was close)
     threads: int = 2
+    pair: str | None = None  # a decoder.pairs name; None: $TREEWISE_PAIR, else the real pair (smollm2)

@@ -1,4 +1,8 @@
-"""`treewise demo`: the embedded pair decodes two test prompts per domain, tree vs plain target decoding."""
+"""`treewise demo`: a model pair decodes test prompts per domain, tree vs plain target decoding.
+
+Every tree output is compared with the target's own greedy output (``generate_plain``, Hugging Face's
+``model.generate``) of the same prompt, framed the same way (a chat pair frames prompts by its chat template).
+"""
 
 from __future__ import annotations
 
@@ -6,28 +10,45 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from pydantic import BaseModel, computed_field
 
 from treewise.decoder import StaticTree, TreeDecoder, TreePolicy, TreewiseError
+from treewise.studies.shared.pairs import ResolvedPair, load_pair_decoder, parameter_count
 from treewise.studies.shared.paths import data_dir
 from treewise.studies.shared.suites import Prompt, load_suite
 
 from .config import DemoConfig
 
 
-@dataclass
-class DemoRow:
+class DemoRow(BaseModel):
     domain: str
     prompt_id: str
     new_tokens: int
     tau: float
     tokens_per_s: float
     plain_tokens_per_s: float
-    same_as_plain: bool
+    same_as_plain: bool  # the tree's tokens equal the target's own greedy tokens
     text: str
 
+    @computed_field  # type: ignore[prop-decorator]
     @property
     def speedup(self) -> float:
         return self.tokens_per_s / self.plain_tokens_per_s if self.plain_tokens_per_s else 0.0
+
+
+class DemoResult(BaseModel):
+    """What `treewise demo --json` writes: the pair, its sizes, the tree, and one row per prompt."""
+
+    pair: str
+    target: str
+    draft: str
+    target_params: int
+    draft_params: int
+    chat: bool  # prompts framed by the target's chat template as a user turn
+    tree: str
+    max_new_tokens: int
+    borrowed: list[str]  # the pair's data files borrowed from another pair (decoder.pairs.pair_files)
+    rows: list[DemoRow]
 
 
 def pick_prompts(prompts: list[Prompt], per_domain: int) -> list[Prompt]:
@@ -70,32 +91,41 @@ def tree_search(
     return trials
 
 
+def demo_rows(dec: TreeDecoder, prompts: list[Prompt], cfg: DemoConfig) -> list[DemoRow]:
+    """Each prompt with a static tree and plainly (after one warm-up of each: first calls pay one-off costs)."""
+    torch.set_num_threads(cfg.threads)
+    tree = StaticTree(width=cfg.width, depth=cfg.depth)
+    dec.generate(prompts[0].prompt, max_new_tokens=8, tree=tree)
+    dec.generate_plain(prompts[0].prompt, max_new_tokens=8)
+    rows: list[DemoRow] = []
+    for p in prompts:
+        out = dec.generate(p.prompt, max_new_tokens=cfg.max_new_tokens, tree=tree, domain=p.domain)
+        plain = dec.generate_plain(p.prompt, max_new_tokens=cfg.max_new_tokens)
+        rows.append(DemoRow(domain=p.domain, prompt_id=p.id, new_tokens=out.stats.new_tokens, tau=out.stats.tau,
+                            tokens_per_s=out.stats.tokens_per_s, plain_tokens_per_s=plain.stats.tokens_per_s,
+                            same_as_plain=out.token_ids == plain.token_ids, text=out.text))
+    return rows
+
+
+def run_pair_demo(cfg: DemoConfig, pair: ResolvedPair, suite: Path | None = None) -> DemoResult:
+    """The demo on a resolved pair (``studies.shared.pairs.resolve_pair``): the first ``per_domain`` test prompts
+    of each domain of ``suite`` (default: the shipped prompts)."""
+    prompts = pick_prompts(load_suite(suite or data_dir() / "prompts", split="test"), cfg.per_domain)
+    if not prompts:
+        raise TreewiseError(f"no test prompts in {suite or data_dir() / 'prompts'}: pass a suite with a test split")
+    dec = load_pair_decoder(pair, device="cpu")
+    rows = demo_rows(dec, prompts, cfg)
+    return DemoResult(pair=pair.name, target=pair.target, draft=pair.draft, target_params=parameter_count(dec.target),
+                      draft_params=parameter_count(dec.draft), chat=pair.chat,
+                      tree=f"static:width={cfg.width},depth={cfg.depth}", max_new_tokens=cfg.max_new_tokens,
+                      borrowed=list(pair.files.borrowed), rows=rows)
+
+
 def run_demo(cfg: DemoConfig, data: Path | None = None) -> list[DemoRow]:
-    """Decode the first `per_domain` test prompts of each domain with a static tree and plainly."""
+    """The embedded (micro) pair under ``data`` (default: the shipped data), as `treewise pair-report` runs it."""
     data = data or data_dir()
     models = data / "models"
     if not (models / "target" / "config.json").exists():
         raise TreewiseError(f"no model pair under {models}: run `treewise train-pair` or set TREEWISE_DATA")
-    torch.set_num_threads(cfg.threads)
     dec = TreeDecoder.from_pretrained(models / "target", models / "draft", device="cpu")
-    tree = StaticTree(width=cfg.width, depth=cfg.depth)
-    prompts = load_suite(data / "prompts", split="test")
-    dec.generate(prompts[0].prompt, max_new_tokens=8, tree=tree)  # warm-up: first calls pay one-off costs
-    dec.generate_plain(prompts[0].prompt, max_new_tokens=8)
-    rows: list[DemoRow] = []
-    for p in pick_prompts(prompts, cfg.per_domain):
-        out = dec.generate(p.prompt, max_new_tokens=cfg.max_new_tokens, tree=tree, domain=p.domain)
-        plain = dec.generate_plain(p.prompt, max_new_tokens=cfg.max_new_tokens)
-        rows.append(
-            DemoRow(
-                p.domain,
-                p.id,
-                out.stats.new_tokens,
-                out.stats.tau,
-                out.stats.tokens_per_s,
-                plain.stats.tokens_per_s,
-                out.token_ids == plain.token_ids,
-                out.text,
-            )
-        )
-    return rows
+    return demo_rows(dec, pick_prompts(load_suite(data / "prompts", split="test"), cfg.per_domain), cfg)

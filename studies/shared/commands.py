@@ -4,11 +4,15 @@ error in one red line, write a ``--json`` or ``--markdown`` output atomically.""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import typer
 from pydantic import BaseModel, ValidationError
 from rich.console import Console
+from rich.progress import Progress, TextColumn
+
+if TYPE_CHECKING:
+    from .pairs import ResolvedPair
 
 
 def option_default(model: type[BaseModel], name: str) -> Any:
@@ -47,3 +51,18 @@ def write_text(path: Path, text: str, console: Console | None = None) -> Path:
 
 def write_json(path: Path, model: BaseModel, console: Console | None = None) -> Path:
     return write_text(path, model.model_dump_json(indent=1), console)
+
+
+def open_pair(console: Console, name: str | None, target: str | Path | None = None,
+              draft: str | Path | None = None, files: bool = True) -> ResolvedPair:
+    """Resolve the command's model pair (``studies.shared.pairs.resolve_pair``) under a transient progress line,
+    since the real pair's first use fetches and converts its target; then say which data files it borrows
+    (``files=False``: the command reads none of them)."""
+    from .pairs import resolve_pair
+
+    with Progress(TextColumn("{task.description}"), console=console, transient=True) as progress:
+        task = progress.add_task(f"model pair {name or ''}".rstrip(), total=None)
+        pair = resolve_pair(name, target, draft, on_stage=lambda s: progress.update(task, description=s))
+    for note in pair.files.borrowed if files else ():
+        console.print(f"[yellow]note:[/] {pair.name} pair: {note}")
+    return pair

@@ -21,8 +21,9 @@ class BenchConfig(BaseModel):
     per_domain: int = 3  # prompts per domain (0 = all)
     max_new_tokens: int = 64
     repeats: int = 3
-    target: str | None = None  # default: the embedded pair
-    draft: str | None = None
+    pair: str | None = None  # a decoder.pairs name; None: $TREEWISE_PAIR, else the real pair (smollm2)
+    target: str | None = None  # default: the pair's target
+    draft: str | None = None  # default: the pair's draft
     # Tree rows: row name -> candidate specs; a row with several candidates reports its fastest one.
     trees: dict[str, list[str]] = Field(default_factory=lambda: {
         "chain": ["chain:length=4"],
@@ -33,8 +34,8 @@ class BenchConfig(BaseModel):
         "learned_no_online": ["learned:online=false"],  # the same without it
         "budgeted": ["budgeted"],  # the controller's default: per-domain family and size from data/budgets.json
     })
-    # Paired comparisons (A, B): A's tokens/s over B's prompt by prompt, with a bootstrap interval (rows that ran).
-    pairs: list[tuple[str, str]] = Field(default_factory=lambda: [("learned", "learned_no_online")])
+    # Compared rows (A, B): A's tokens/s over B's prompt by prompt, with a bootstrap interval (rows that ran).
+    compare: list[tuple[str, str]] = Field(default_factory=lambda: [("learned", "learned_no_online")])
     # Rows of the batched bench (--batch-size): row name -> tree spec, each against batched plain decoding.
     batch_trees: dict[str, str] = Field(default_factory=lambda: {"static": "static:width=2,depth=3",
                                                                  "learned": "learned"})
@@ -55,6 +56,7 @@ class ProfileConfig(BaseModel):
     domains: list[str] | None = None
     per_domain: int = 2
     max_new_tokens: int = 64
+    pair: str | None = None  # as BenchConfig.pair
     target: str | None = None
     draft: str | None = None
     trees: dict[str, str] = Field(default_factory=lambda: {

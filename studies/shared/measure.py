@@ -14,7 +14,6 @@ import random
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -24,7 +23,7 @@ from pydantic import BaseModel, Field
 from treewise.decoder import GenerationResult, TreeDecoder, TreewiseError
 
 from .config import BenchConfig
-from .paths import default_pair
+from .pairs import load_pair_decoder, resolve_pair
 from .suites import Prompt, load_suite
 
 PLAIN, HF = "plain", "hf_assisted"
@@ -77,7 +76,7 @@ class BenchResult(BaseModel):
     config: BenchConfig
     policies: dict[str, RowResult]
     skipped: dict[str, str] = Field(default_factory=dict)  # row -> why it could not run (e.g. no predictor)
-    paired: list[PairedRatio] = Field(default_factory=list)  # the config's pairs whose rows both ran
+    paired: list[PairedRatio] = Field(default_factory=list)  # the config's compared rows that both ran
     # Every row, fastest first, each paired against the fastest (``rank_rows``); empty in results from before it.
     ranking: list[Ranked] = Field(default_factory=list)
     environment: dict[str, str]
@@ -113,12 +112,8 @@ def select_prompts(cfg: BenchConfig) -> list[Prompt]:
 
 
 def load_bench_decoder(cfg: BenchConfig) -> TreeDecoder:
-    target, draft = default_pair()
-    target_path, draft_path = cfg.target or target, cfg.draft or draft
-    if cfg.target is None and not Path(target_path).exists():
-        raise TreewiseError(f"no embedded pair under {Path(target_path).parent}: pass --target and --draft "
-                            "(a Hugging Face id or folder each) or build it with `treewise train-pair`")
-    return TreeDecoder.from_pretrained(target_path, draft_path)
+    """The pair ``cfg`` names (``--pair``, with ``--target``/``--draft`` overriding its folders)."""
+    return load_pair_decoder(resolve_pair(cfg.pair, cfg.target, cfg.draft))
 
 
 def row_order(names: list[str], repeat: int, index: int, seed: int = 0) -> list[str]:
@@ -216,7 +211,7 @@ def summarize(runs: _Runs, specs: dict[str, str], prompts: list[Prompt], cfg: Be
     ids = [p.id for p in prompts]
     per_prompt = {name: _per_prompt(runs, key, ids) for name, key in chosen.items()}  # what pairs and ranking read
     paired = []
-    for a, b in cfg.pairs:
+    for a, b in cfg.compare:
         if a in chosen and b in chosen:
             ratio, ci = paired_ratio(*per_prompt[a], *per_prompt[b])
             paired.append(PairedRatio(a=a, b=b, ratio=ratio, ci95=ci, prompts=len(ids)))

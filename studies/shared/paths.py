@@ -22,3 +22,11 @@ def default_pair() -> tuple[Path, Path]:
     """The embedded target and draft folders."""
     models = data_dir() / "models"
     return models / "target", models / "draft"
+
+
+# The model pairs of ``decoder.pairs.PAIRS``, named here for ``--help`` (which imports no torch);
+# tests/studies/test_cli.py holds the two equal.
+PAIR_NAMES = ("smollm2", "micro")
+PAIR_HELP = ("model pair: smollm2 (the real pair: SmolLM2-135M-Instruct, fetched on first use, and its trained "
+             "draft) or micro (the embedded test pair); --target/--draft override its folders "
+             "[default: $TREEWISE_PAIR, else smollm2]")

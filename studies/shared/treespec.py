@@ -50,6 +50,7 @@ class TreeKind:
     build: Callable[..., TreePolicy]
     params: dict[str, Param]
     help: str = ""
+    uses_pair: bool = False  # ``build`` takes ``pair=``: the policy reads that model pair's data files
 
     @property
     def syntax(self) -> str:
@@ -82,9 +83,12 @@ class TreeSpec:
         given = {k: v for k, v in self.params.items() if v is not None}
         return f"{self.kind}:" + ",".join(f"{k}={v}" for k, v in given.items()) if given else self.kind
 
-    def build(self) -> TreePolicy:
+    def build(self, pair: str | None = None) -> TreePolicy:
+        """The policy; a kind that reads data files (learned, budgeted) reads model ``pair``'s (None: the default
+        pair, ``decoder.pairs``)."""
+        kind = _KINDS[self.kind]
         try:
-            return _KINDS[self.kind].build(**self.params)
+            return kind.build(**self.params, **({"pair": pair} if kind.uses_pair else {}))
         except TreeSpecError:
             raise
         except TreewiseError as err:  # the policy's own check (too many nodes, width 0): name the spec
@@ -135,9 +139,10 @@ def parse_tree_spec(text: str) -> TreeSpec:
     return TreeSpec(kind.name, params)
 
 
-def build_tree(text: str) -> TreePolicy:
-    """Parse and build in one go; a bad value (width=0) fails here, before any model is loaded."""
-    return parse_tree_spec(text).build()
+def build_tree(text: str, pair: str | None = None) -> TreePolicy:
+    """Parse and build in one go (for model ``pair``, see ``TreeSpec.build``); a bad value (width=0) fails here,
+    before any model is loaded."""
+    return parse_tree_spec(text).build(pair)
 
 
 def _static(width: int | None, depth: int | None, branching: Levels | None) -> StaticTree:
@@ -181,12 +186,12 @@ def _dynamic_chain(**params: Any) -> TreePolicy:
 
 
 def _learned(online: bool | None = None, guard: bool | None = None, budgets: str | None = None,
-             native: bool | None = None, **params: Any) -> TreePolicy:
+             native: bool | None = None, pair: str | None = None, **params: Any) -> TreePolicy:
     """The shipped LearnedTree; ``budgets`` reads another budgets file (e.g. a ``treewise tune --family learned``
     result); any budget field given overrides the budgets for every domain; ``online=false`` turns the
     per-request correction off, ``guard=true`` the measured fallback to plain on, ``native=false`` the compiled
     level off (the Python path, for A/B runs)."""
-    policy = LearnedTree.default(online=online is not False, guard=guard is True)
+    policy = LearnedTree.default(online=online is not False, guard=guard is True, pair=pair)
     policy.native = native is not False
     if budgets is not None:
         policy.budgets = load_budgets(budgets)
@@ -195,8 +200,8 @@ def _learned(online: bool | None = None, guard: bool | None = None, budgets: str
     return policy
 
 
-def _budgeted() -> TreePolicy:
-    return BudgetedTree.default()
+def _budgeted(pair: str | None = None) -> TreePolicy:
+    return BudgetedTree.default(pair=pair)
 
 
 register_tree_kind(TreeKind(
@@ -217,10 +222,12 @@ register_tree_kind(TreeKind(
     | {"online": Param(bool, help="per-request online correction of the predictor (default true)"),
        "guard": Param(bool, help="plain steps where drafting measurably does not pay (default false)"),
        "native": Param(bool, help="each level as one compiled call where numba is installed (default true)"),
-       "budgets": Param(str, help="budgets file to read instead of data/budgets.json")},
-    help="LearnedTree with the shipped predictor, budgets (data/budgets.json) and latency profile",
+       "budgets": Param(str, help="budgets file to read instead of the pair's budgets.json")},
+    help="LearnedTree with the model pair's predictor, budgets and latency profile (decoder.pairs.pair_files)",
+    uses_pair=True,
 ))
 register_tree_kind(TreeKind(
     "budgeted", _budgeted, {},
-    help="per domain, the policy family and size data/budgets.json names (domain='auto' classifies the prompt)",
+    help="per domain, the policy family and size the pair's budgets.json names (domain='auto' classifies the "
+         "prompt)", uses_pair=True,
 ))

@@ -19,9 +19,10 @@ import typer
 from pydantic import ValidationError
 from rich.console import Console
 
-from treewise.studies.shared.commands import option_default
+from treewise.studies.shared.commands import open_pair, option_default
+from treewise.studies.shared.paths import PAIR_HELP
 
-from .config import SearchSpace, TuneConfig, default_budgets_path
+from .config import SearchSpace, TuneConfig
 
 if TYPE_CHECKING:
     from .results import TuneReport
@@ -87,15 +88,16 @@ def tune_cmd(
     pruner: Annotated[str, typer.Option(help="median or none")] = _t("pruner"),
     pruner_warmup: Annotated[int, typer.Option(help="prompts measured before pruning")] = _t("pruner_warmup_steps"),
     predictor: Annotated[Path | None, typer.Option(help="predictor folder (default: data/predictor)")] = None,
-    budgets_out: Path = typer.Option(default_factory=default_budgets_path, help="budgets file to write",
-                                     show_default="data/budgets.json, the controller's BUDGETS_FILE"),
+    budgets_out: Path | None = typer.Option(None, help="budgets file to write", show_default="the pair's "
+                                            "budgets.json: data/budgets.json (micro), data/smollm2/budgets.json"),
     worker: Annotated[bool, typer.Option("--worker", help="only run trials: no budgets file, no held-out run")]
     = False,
     heartbeat: Annotated[int, typer.Option(help="seconds between heartbeats of a running trial (SQLite, PostgreSQL, "
                                                 "MySQL); one silent 3x as long is failed and re-run")]
     = _t("heartbeat_s"),
-    target: Annotated[str | None, typer.Option(help="target id or folder (default: embedded pair)")] = None,
-    draft: Annotated[str | None, typer.Option(help="draft id or folder")] = None,
+    pair: Annotated[str | None, typer.Option(help=PAIR_HELP, show_default=False)] = None,
+    target: Annotated[str | None, typer.Option(help="target id or folder (default: the pair's)")] = None,
+    draft: Annotated[str | None, typer.Option(help="draft id or folder (default: the pair's)")] = None,
     json_out: Annotated[Path | None, typer.Option("--json", help="write the report as JSON")] = None,
     plots: Annotated[Path | None, typer.Option(help="folder for history and importance PNGs")] = None,
 ) -> None:
@@ -114,7 +116,7 @@ def tune_cmd(
                          per_domain=per_domain, heldout_per_domain=heldout_per_domain, max_new_tokens=max_new_tokens,
                          repeats=repeats, seed=seed, timeout_s=timeout, pruner=pruner,
                          pruner_warmup_steps=pruner_warmup, space=space, predictor=predictor,
-                         budgets_out=budgets_out, finalize=not worker, target=target, draft=draft,
+                         budgets_out=budgets_out, finalize=not worker, pair=pair, target=target, draft=draft,
                          heartbeat_s=heartbeat)
     except ValidationError as err:
         raise _fail(console, _validation_message(err)) from None
@@ -131,6 +133,7 @@ def _run(cfg: TuneConfig, command: str, console: Console, json_out: Path | None,
 
     try:
         names = resolve_domains(cfg)
+        open_pair(console, cfg.pair, cfg.target, cfg.draft)  # fetches the real target on first use
         console.print(f"[dim]tuning {', '.join(names)}: loading models...[/dim]")
         with LiveTuneView(console, names, cfg.trials) as view:  # drawn once the trials start
             result = tune(cfg, on_trial=view.on_trial, on_start=view.start, command=command)

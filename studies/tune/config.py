@@ -18,11 +18,12 @@ if TYPE_CHECKING:
 Family = Literal["static", "confidence", "learned"]
 
 
-def default_budgets_path() -> Path:
-    """data/budgets.json: the file name is the controller's (BudgetedTree.default() reads it)."""
-    from treewise.controller.budgets import BUDGETS_FILE
+def default_budgets_path(pair: str | None = None) -> Path:
+    """The model pair's own budgets file (data/budgets.json for micro, data/smollm2/budgets.json for smollm2):
+    the one ``BudgetedTree.default(pair=)`` reads (``decoder.pairs``; imports torch, so only when a run starts)."""
+    from treewise.decoder.pairs import BUDGETS, pair_spec
 
-    return data_dir() / BUDGETS_FILE
+    return pair_spec(pair).own(BUDGETS)
 
 
 class IntRange(BaseModel):
@@ -108,9 +109,17 @@ class TuneConfig(BaseModel):
     heartbeat_s: int = Field(10, ge=1, description="RDB storages: a trial whose worker is silent 3x this long "
                              "is failed and re-queued for another worker")
     space: SearchSpace = Field(default_factory=SearchSpace)  # validated against the controller's bounds
-    predictor: Path | None = None  # None: data/predictor when present
+    predictor: Path | None = None  # None: the pair's predictor when present (decoder.pairs.pair_files)
     latency_cache: Path = Path("runs/latency")
-    budgets_out: Path = Field(default_factory=lambda: default_budgets_path())
+    budgets_out: Path  # absent or None: the pair's own budgets file (``_pair_budgets``)
     finalize: bool = True  # False: a worker that only runs trials (no budgets file, no held-out run)
-    target: str | None = None  # default: the embedded pair
+    pair: str | None = None  # a decoder.pairs name; None: $TREEWISE_PAIR, else the real pair (smollm2)
+    target: str | None = None  # default: the pair's target
     draft: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _pair_budgets(cls, data: object) -> object:
+        if isinstance(data, dict) and data.get("budgets_out") is None:
+            data = {**data, "budgets_out": default_budgets_path(data.get("pair"))}
+        return data

@@ -40,8 +40,8 @@ from treewise.controller import (
     save_budgets,
 )
 from treewise.decoder import GenerationResult, TreeDecoder, TreePolicy, TreewiseError
+from treewise.decoder.pairs import pair_files
 from treewise.studies.shared.measure import BenchConfig, load_bench_decoder, select_prompts
-from treewise.studies.shared.paths import data_dir
 from treewise.studies.shared.suites import Prompt, load_suite
 
 from .config import SearchSpace, TuneConfig
@@ -134,7 +134,7 @@ def resolve_domains(cfg: TuneConfig) -> list[str]:
 def _bench_cfg(cfg: TuneConfig, split: str, domains: list[str] | None, per_domain: int) -> BenchConfig:
     return BenchConfig(suite=cfg.suite, split=split, domains=domains, per_domain=per_domain,
                        max_new_tokens=cfg.max_new_tokens, repeats=cfg.repeats, trees={}, hf_assisted=False,
-                       target=cfg.target, draft=cfg.draft)
+                       pair=cfg.pair, target=cfg.target, draft=cfg.draft)
 
 
 def _setup(cfg: TuneConfig, dec: TreeDecoder, predictor: AcceptanceModel | None,
@@ -143,7 +143,7 @@ def _setup(cfg: TuneConfig, dec: TreeDecoder, predictor: AcceptanceModel | None,
     notes: list[str] = []
     space = cfg.space
     if predictor is None:
-        path = cfg.predictor or data_dir() / "predictor"
+        path = cfg.predictor or pair_files(cfg.pair).predictor
         if cfg.predictor is not None and not path.is_dir():
             raise TuneError(f"--predictor {path}: no such folder; train one with `treewise train` or omit it")
         if path.is_dir():
@@ -155,8 +155,8 @@ def _setup(cfg: TuneConfig, dec: TreeDecoder, predictor: AcceptanceModel | None,
             raise TuneError("the learned family needs an acceptance predictor: train one into data/predictor/ "
                             "(`treewise train`), pass --predictor DIR, or add --family static/confidence")
         space = space.model_copy(update={"families": tuple(f for f in space.families if f != "learned")})
-        notes.append(f"no predictor (no {data_dir() / 'predictor'}, no --predictor): the learned family is left "
-                     f"out; searching {list(space.families)}")
+        notes.append(f"no predictor (no {pair_files(cfg.pair).predictor}, no --predictor): the learned family is "
+                     f"left out; searching {list(space.families)}")
     latency = load_or_measure(dec, cfg.latency_cache) if predictor is not None else None
     if factory is None:
         def factory(budget: DomainBudget) -> TreePolicy:

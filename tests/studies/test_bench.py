@@ -13,7 +13,7 @@ def test_bench_cli_json(tiny_pair_dir, tmp_path) -> None:
     res = CliRunner().invoke(app, [
         "bench", "--suite", str(write_suite(tmp_path)), "--split", "test", "--max-new-tokens", "12", "--repeats", "2",
         "--target", str(tiny_pair_dir / "target"), "--draft", str(tiny_pair_dir / "draft"), "--json", str(out),
-        "--tree", "wide=static:width=4,depth=2", "--pair", "static:chain", "--pair", "static:no_such_row",
+        "--tree", "wide=static:width=4,depth=2", "--compare", "static:chain", "--compare", "static:no_such_row",
     ])
     assert res.exit_code == 0, res.output
     data = json.loads(out.read_text())
@@ -93,3 +93,13 @@ def test_batched_bench_json_contract(tokenizer) -> None:
         else:
             assert r.tau is not None and r.tau >= 1
             assert abs(r.draft_share + r.verify_share + r.other_share - 1) < 1e-6
+
+
+def test_compare_took_the_old_pair_option_and_pair_names_a_model_pair(tiny_pair_dir, tmp_path) -> None:
+    """`--compare A:B` pairs rows; `--pair` names a model pair, so the old `--pair A:B` fails naming the pairs."""
+    common = ["bench", "--suite", str(write_suite(tmp_path)), "--target", str(tiny_pair_dir / "target"), "--draft",
+              str(tiny_pair_dir / "draft")]
+    res = CliRunner().invoke(app, [*common, "--pair", "static:chain"])
+    assert res.exit_code == 2 and "unknown model pair 'static:chain': choose one of smollm2, micro" in res.output
+    res = CliRunner().invoke(app, [*common, "--compare", "static"])
+    assert res.exit_code == 2 and "--compare 'static': use A:B" in " ".join(res.output.split())

@@ -18,7 +18,7 @@ import torch
 gguf = pytest.importorskip("gguf")
 
 from treewise.studies.pair import cli as pair_cli  # noqa: E402
-from treewise.studies.pair.fetch import (  # noqa: E402
+from treewise.studies.shared.fetch import (  # noqa: E402
     MARKER,
     SOURCES,
     FetchError,

@@ -1,0 +1,70 @@
+"""A named model pair resolved to folders a decoder loads: ``--pair`` with ``--target``/``--draft`` overriding.
+
+The registry (names, draft folders, chat framing, data files) is ``decoder.pairs``; this module adds what only
+the studies do: fetching the real target on first use (``studies.shared.fetch``, then found in the cache) and
+checking the folders before anything is downloaded or loaded. Imports the decoder (torch): commands import it
+when they run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from treewise.decoder import TreeDecoder, TreewiseError
+from treewise.decoder.pairs import PairFiles, pair_files, pair_spec
+from treewise.decoder.paths import data_dir
+
+from .fetch import SOURCES, fetch
+
+
+@dataclass(frozen=True)
+class ResolvedPair:
+    """The pair a command decodes with: its name, model folders (or hub ids), framing and data files."""
+
+    name: str
+    target: str
+    draft: str
+    chat: bool
+    files: PairFiles
+
+
+def resolve_pair(name: str | None = None, target: str | Path | None = None, draft: str | Path | None = None,
+                 on_stage: Callable[[str], None] | None = None) -> ResolvedPair:
+    """The pair ``name`` (None: ``$TREEWISE_PAIR``, else smollm2) with ``target``/``draft`` overriding its folders.
+
+    The draft is checked first, so a missing one fails before the real target is fetched; a fetched target is
+    converted once and then found in the cache (``on_stage`` hears the fetch's stages)."""
+    spec = pair_spec(name)
+    draft_path = str(draft) if draft is not None else str(spec.draft_dir())
+    if draft is None and not Path(draft_path).is_dir():
+        if spec.name == "micro":
+            raise _no_micro(Path(draft_path).parent)
+        raise TreewiseError(f"the {spec.name} pair has no draft at {draft_path}: run `treewise pair train-draft` "
+                            f"(it trains one into that folder), pass --draft DIR, or use --pair micro")
+    if target is not None:
+        target_path = str(target)
+    elif spec.source is not None:
+        target_path = str(fetch(SOURCES[spec.source], on_stage=on_stage))
+    else:
+        target_path = str(data_dir() / (spec.target or "models/target"))
+        if not Path(target_path).is_dir():
+            raise _no_micro(Path(target_path).parent)
+    return ResolvedPair(spec.name, target_path, draft_path, spec.chat, pair_files(spec.name))
+
+
+def _no_micro(models: Path) -> TreewiseError:
+    return TreewiseError(f"no model pair under {models}: run `treewise train-pair` (it builds the embedded pair), "
+                         "set TREEWISE_DATA, or pass --target and --draft (a Hugging Face id or folder each)")
+
+
+def load_pair_decoder(pair: ResolvedPair, device: str | None = None) -> TreeDecoder:
+    """Load ``pair``'s models; a chat pair's decoder frames text prompts by the target's chat template."""
+    return TreeDecoder.from_pretrained(pair.target, pair.draft, device=device, chat=pair.chat)
+
+
+def parameter_count(model: object) -> int:
+    """Distinct parameters of a loaded model (tied embeddings counted once)."""
+    params = {id(p): p.numel() for p in model.parameters()}  # type: ignore[attr-defined]
+    return int(sum(params.values()))
