@@ -58,6 +58,7 @@ _TREEWISE = textwrap.dedent("""
 
 @pytest.fixture
 def env(tmp_path) -> dict[str, str]:
+    (tmp_path / "data").mkdir()  # an empty data folder: the pair's data files are looked up in it (decoder.pairs)
     return {**os.environ, "OMP_NUM_THREADS": "1", "TREEWISE_DATA": str(tmp_path / "data"), "PYTHONPATH": str(ROOT),
             "TW_MARKER": str(tmp_path / "marker"), "COLUMNS": "200"}
 
@@ -147,6 +148,7 @@ def test_sigkill_mid_trial_then_rerun_continues_and_retries_the_dead_trial(tiny_
 def test_live_best_so_far_is_the_storage_best_and_a_rerun_says_it_resumes(tiny_pair_dir, tmp_path,
                                                                           monkeypatch) -> None:
     """A rerun whose own trials all fail still shows, as best so far, the best trial the final report names."""
+    (tmp_path / "data").mkdir()  # data_dir() refuses a TREEWISE_DATA that names no folder
     monkeypatch.setenv("TREEWISE_DATA", str(tmp_path / "data"))
     suite = tmp_path / "suite"
     suite.mkdir()
