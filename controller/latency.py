@@ -20,6 +20,7 @@ from transformers import PreTrainedModel
 
 from treewise.decoder import ArenaCache, TreeDecoder, TreewiseError, tree_attention_mask
 from treewise.decoder.atomic import write_bytes_atomic
+from treewise.decoder.mapped import output_vocab
 from treewise.decoder.paths import data_dir
 
 SIZES = (1, 2, 4, 8, 16, 32, 64)
@@ -101,7 +102,7 @@ def _time_forwards(model: PreTrainedModel, context: int, sizes: tuple[int, ...],
     interleaving the target's forwards with the draft's timed the draft with its weights evicted (0.99 against
     0.33 ms at one token), which only the root's draft forward of a step sees."""
     device, dtype = next(model.parameters()).device, next(model.parameters()).dtype
-    vocab = model.get_output_embeddings().weight.shape[0]
+    vocab = output_vocab(model)
     gen = torch.Generator().manual_seed(0)
     cache = ArenaCache(capacity=context + max(sizes))  # the cache decoding uses
     model(input_ids=torch.randint(0, vocab, (1, context), generator=gen).to(device), cache=cache, use_cache=True)

@@ -12,6 +12,7 @@ from transformers.utils import logging as hf_logging
 
 from .atomic import recover_dir
 from .errors import TreewiseError
+from .mapped import output_vocab  # also registers the mapped draft class with AutoModelForCausalLM
 
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
            "float16": torch.float16, "fp16": torch.float16}
@@ -48,8 +49,7 @@ def load_pair(target: str | Path, draft: str | Path, device: str | None = None,
 
 
 def check_pair(target: PreTrainedModel, draft: PreTrainedModel) -> None:
-    vt = target.get_output_embeddings().weight.shape[0]
-    vd = draft.get_output_embeddings().weight.shape[0]
+    vt, vd = output_vocab(target), output_vocab(draft)
     # Embedding tables are often padded to a multiple of 64/128; a larger gap means another tokenizer.
     if abs(vt - vd) > 128:
         raise TreewiseError(

@@ -22,6 +22,7 @@ from .errors import TreewiseError
 from .kvcache import Feed, SoloCache
 from .loading import check_pair
 from .logrows import RowMeta, step_rows
+from .mapped import output_vocab
 from .nodelog import NodeLogWriter
 from .policy import StepOutcome, TreePolicy
 from .results import FinishReason, GenerationResult, GenerationStats
@@ -102,7 +103,7 @@ class StepCore:
         self.device = next(target.parameters()).device
         # Looked up once: ``model.dtype`` and ``next(model.parameters())`` walk the module tree on every call.
         self.target_dtype, self.draft_dtype = target.dtype, draft.dtype
-        self.vocab = int(target.get_output_embeddings().weight.shape[0])
+        self.vocab = output_vocab(target)
         self.context = _context_length(target)
         self.target_layers, self.draft_layers = _layer_count(target), _layer_count(draft)  # sizes their arenas
         eos = target.generation_config.eos_token_id  # what model.generate stops on
