@@ -18,6 +18,7 @@ from treewise.studies.shared.commands import fail, open_pair, user_errors, write
 from treewise.studies.shared.paths import PAIR_HELP, data_dir
 
 from .config import DemoConfig, EvalConfig, ModelShape, PairConfig
+from .distill_cli import train_draft_cmd
 
 if TYPE_CHECKING:
     from .demo import TreeTrial
@@ -276,6 +277,7 @@ def register(app: typer.Typer) -> None:
     pair_app = typer.Typer(no_args_is_help=True, help="Real model pairs: fetch and convert.")
     pair_app.command("fetch")(fetch_cmd)
     pair_app.command("teacher")(teacher_cmd)
+    pair_app.command("train-draft")(train_draft_cmd)
     app.add_typer(pair_app, name="pair")
     app.command("train-pair")(train_pair_cmd)
     app.command("pair-report")(pair_report_cmd)

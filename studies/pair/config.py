@@ -6,6 +6,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field, model_validator
 
+from treewise.studies.shared.paths import data_dir
+
 from .corpus.build import CorpusConfig
 
 
@@ -71,3 +73,21 @@ class DemoConfig(BaseModel):
     depth: int = 3  # StaticTree(2, 3): the fastest tree in the card's shape search (Chain(2) was close)
     threads: int = 2
     pair: str | None = None  # a decoder.pairs name; None: $TREEWISE_PAIR, else the real pair (smollm2)
+
+
+class DistillConfig(BaseModel):
+    """``treewise pair train-draft``: a draft for a real target, distilled from ``treewise pair teacher``'s shards."""
+
+    teacher: Path = Path("runs/smollm2-teacher")  # shards of ``treewise pair teacher``
+    target: Path | None = None  # None: the fetched SmolLM2
+    work: Path = Path("runs/smollm2-draft")  # checkpoint and state (resumable)
+    out: Path = Field(default_factory=lambda: data_dir() / "models" / "smollm2-draft")  # the exported folder
+    layers: int = 2
+    vocab: int = 8192  # kept target tokens (K); the draft has K + 1 rows
+    minutes: float = 60.0
+    batch_tokens: int = 4096  # padded tokens per optimiser step
+    lr: float = 5e-4
+    heldout_every: int = 16  # one prompt in this many is held out (by a hash of its id)
+    checkpoint_every_s: float = 120.0
+    threads: int = 2
+    seed: int = 0

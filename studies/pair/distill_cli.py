@@ -1,0 +1,60 @@
+"""`treewise pair train-draft`: distil the real target's draft from its teacher shards (imports no torch)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.table import Table
+
+from treewise.studies.shared.commands import fail, option_default, user_errors
+
+from .config import DistillConfig
+
+console = Console()
+
+
+def _d(name: str) -> object:
+    return option_default(DistillConfig, name)
+
+
+def train_draft_cmd(
+    teacher: Path = typer.Option(_d("teacher"), help="Shards of `treewise pair teacher`."),
+    target: Path | None = typer.Option(None, help="Target folder (default: the fetched SmolLM2)."),
+    work: Path = typer.Option(_d("work"), help="Checkpoint folder (a rerun resumes from it)."),
+    out: Path = typer.Option(_d("out"), help="Where the draft folder is written."),
+    layers: int = typer.Option(_d("layers"), help="Draft layers (initialised from the target's first ones)."),
+    vocab: int = typer.Option(_d("vocab"), help="Target tokens the draft keeps (most frequent in answers)."),
+    minutes: float = typer.Option(_d("minutes"), help="Training budget across restarts."),
+    batch_tokens: int = typer.Option(_d("batch_tokens"), help="Padded tokens per optimiser step."),
+    lr: float = typer.Option(_d("lr"), help="Peak learning rate."),
+    threads: int = typer.Option(_d("threads"), help="torch threads."),
+) -> None:
+    """Distil a small draft for SmolLM2 from its own answers; resumable; writes the folder and its model card."""
+    from transformers.utils import logging as hf_logging
+
+    from .distill import DistillProgress, train_draft
+    from .fetch import SOURCES, fetch
+
+    hf_logging.disable_progress_bar()
+    try:
+        cfg = DistillConfig(teacher=teacher, target=target or fetch(SOURCES["smollm2"]), work=work, out=out,
+                            layers=layers, vocab=vocab, minutes=minutes, batch_tokens=batch_tokens, lr=lr,
+                            threads=threads)
+        with Progress(TextColumn("{task.description}"), BarColumn(), TimeRemainingColumn(), console=console) as bar:
+            task = bar.add_task("train-draft", total=cfg.minutes * 60)
+
+            def update(p: DistillProgress) -> None:
+                bar.update(task, completed=p.elapsed_s, description=f"train-draft step {p.step} loss {p.loss:.3f}")
+
+            card = train_draft(cfg, update)
+    except user_errors() as err:
+        fail(console, err)
+    table = Table("held-out domain", "tokens", "loss", "coverage", "top-1 agreement")
+    for domain, row in card["heldout"].items():
+        table.add_row(domain, str(row["tokens"]), f"{row['loss']:.3f}", f"{row['coverage']:.3f}",
+                      f"{row['top1_agreement']:.3f}")
+    console.print(table)
+    console.print(f"{card['steps']} steps, {card['cpu_minutes']} min: {out}")
