@@ -222,11 +222,13 @@ def latency(
     profile = measure_latency(dec.target, dec.draft, context=context)
     write_text(out, json.dumps(profile.model_dump(), indent=1))
     table = Table(title=f"forward latency, ms (context {context}, {profile.threads} threads, {profile.device})")
-    for col in ("tokens", "target", "draft", "draft / target"):
+    for col in ("tokens", "target", "draft", "target / 1-token target", "draft / 1-token target"):
         table.add_column(col, justify="right")
+    one = profile.target_ms[0]  # sizes start at 1: the cost of a plain decoding step
     for n, t, d in zip(profile.sizes, profile.target_ms, profile.draft_ms, strict=True):
-        table.add_row(str(n), f"{t:.2f}", f"{d:.2f}", f"{d / t:.2f}")
+        table.add_row(str(n), f"{t:.2f}", f"{d:.2f}", f"{t / one:.2f}", f"{d / one:.3f}")
     console.print(table)
+    console.print("target: verifying a tree of that many nodes; draft: one drafting level of that many nodes")
     console.print(f"wrote {out}")
 
 

@@ -139,7 +139,7 @@ def pair_report_cmd(
         rows = run_demo(demo_cfg, data=models.parent)
     except user_errors() as err:
         fail(console, err)
-    head = f"treewise demo: StaticTree(width={demo_cfg.width}, depth={demo_cfg.depth}), "
+    head = f"treewise demo: {demo_cfg.tree_for('micro')}, "
     meta = card_meta(work, command, head + f"{demo_cfg.max_new_tokens} new tokens, test split\n" + demo_text(rows))
     meta["tree_search"] = [t.__dict__ for t in trials]
     write_text(work / "card_meta.json", json.dumps(meta, indent=2))
@@ -189,8 +189,8 @@ def search_trees(models: Path, threads: int) -> list[TreeTrial]:
 def demo_cmd(
     per_domain: int = typer.Option(DemoConfig().per_domain, help="Test prompts per domain."),
     max_new_tokens: int = typer.Option(DemoConfig().max_new_tokens, help="New tokens per prompt."),
-    width: int = typer.Option(DemoConfig().width, help="Static tree width."),
-    depth: int = typer.Option(DemoConfig().depth, help="Static tree depth."),
+    tree: str | None = typer.Option(None, help="Tree spec, e.g. static:width=2,depth=3 (default: the pair's own: "
+                                    + ", ".join(f"{k} {v}" for k, v in DemoConfig().trees.items()) + ")."),
     threads: int = typer.Option(DemoConfig().threads, help="torch threads."),
     pair: str | None = typer.Option(DemoConfig().pair, help=PAIR_HELP, show_default=False),
     target: str | None = typer.Option(None, help="Target id or folder (default: the pair's)."),
@@ -205,10 +205,9 @@ def demo_cmd(
     from .demo_report import print_demo
 
     hf_logging.disable_progress_bar()  # the real target's first use converts it: our progress line says so
-    cfg = DemoConfig(per_domain=per_domain, max_new_tokens=max_new_tokens, width=width, depth=depth, threads=threads,
-                     pair=pair)
+    cfg = DemoConfig(per_domain=per_domain, max_new_tokens=max_new_tokens, tree=tree, threads=threads, pair=pair)
     try:
-        resolved = open_pair(console, cfg.pair, target, draft, files=False)  # the demo's tree reads no data file
+        resolved = open_pair(console, cfg.pair, target, draft)
         with Progress(TextColumn("{task.description}"), console=console, transient=True) as progress:
             progress.add_task(f"decoding with the {resolved.name} pair", total=None)
             result = run_pair_demo(cfg, resolved)

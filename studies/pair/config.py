@@ -69,10 +69,18 @@ class DemoConfig(BaseModel):
 
     per_domain: int = 2
     max_new_tokens: int = 48  # keeps the demo under a minute on 2 shared cores
-    width: int = 2
-    depth: int = 3  # StaticTree(2, 3): the fastest tree in the card's shape search (Chain(2) was close)
+    # The tree per pair, sized for that pair's cost curve (docs/real-pair.md says how each was chosen).
+    trees: dict[str, str] = Field(default_factory=lambda: {
+        "micro": "static:width=2,depth=3",  # the fastest tree in the micro card's shape search (Chain(2) close)
+        "smollm2": "budgeted",  # per-domain shapes of data/smollm2/budgets.json
+    })
+    tree: str | None = None  # a tree spec overriding ``trees``
     threads: int = 2
     pair: str | None = None  # a decoder.pairs name; None: $TREEWISE_PAIR, else the real pair (smollm2)
+
+    def tree_for(self, pair: str) -> str:
+        """The tree spec the demo decodes ``pair`` with: ``tree`` when set, else the pair's own."""
+        return self.tree or self.trees.get(pair, self.trees["micro"])
 
 
 class DistillConfig(BaseModel):
@@ -83,6 +91,7 @@ class DistillConfig(BaseModel):
     work: Path = Path("runs/smollm2-draft")  # checkpoint and state (resumable)
     out: Path = Field(default_factory=lambda: data_dir() / "models" / "smollm2-draft")  # the exported folder
     layers: int = 2
+    init_layers: tuple[int, ...] | None = None  # target layers copied into the draft's; None: the first ``layers``
     vocab: int = 8192  # kept target tokens (K); the draft has K + 1 rows
     minutes: float = 60.0
     batch_tokens: int = 4096  # padded tokens per optimiser step

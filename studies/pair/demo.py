@@ -12,10 +12,11 @@ from pathlib import Path
 import torch
 from pydantic import BaseModel, computed_field
 
-from treewise.decoder import StaticTree, TreeDecoder, TreePolicy, TreewiseError
+from treewise.decoder import TreeDecoder, TreePolicy, TreewiseError
 from treewise.studies.shared.pairs import ResolvedPair, load_pair_decoder, parameter_count
 from treewise.studies.shared.paths import data_dir
 from treewise.studies.shared.suites import Prompt, load_suite
+from treewise.studies.shared.treespec import build_tree
 
 from .config import DemoConfig
 
@@ -91,10 +92,9 @@ def tree_search(
     return trials
 
 
-def demo_rows(dec: TreeDecoder, prompts: list[Prompt], cfg: DemoConfig) -> list[DemoRow]:
-    """Each prompt with a static tree and plainly (after one warm-up of each: first calls pay one-off costs)."""
+def demo_rows(dec: TreeDecoder, prompts: list[Prompt], cfg: DemoConfig, tree: TreePolicy) -> list[DemoRow]:
+    """Each prompt with ``tree`` and plainly (after one warm-up of each: first calls pay one-off costs)."""
     torch.set_num_threads(cfg.threads)
-    tree = StaticTree(width=cfg.width, depth=cfg.depth)
     dec.generate(prompts[0].prompt, max_new_tokens=8, tree=tree)
     dec.generate_plain(prompts[0].prompt, max_new_tokens=8)
     rows: list[DemoRow] = []
@@ -113,11 +113,13 @@ def run_pair_demo(cfg: DemoConfig, pair: ResolvedPair, suite: Path | None = None
     prompts = pick_prompts(load_suite(suite or data_dir() / "prompts", split="test"), cfg.per_domain)
     if not prompts:
         raise TreewiseError(f"no test prompts in {suite or data_dir() / 'prompts'}: pass a suite with a test split")
+    spec = cfg.tree_for(pair.name)
+    tree = build_tree(spec, pair.name)  # a bad spec fails before the models load
     dec = load_pair_decoder(pair, device="cpu")
-    rows = demo_rows(dec, prompts, cfg)
+    rows = demo_rows(dec, prompts, cfg, tree)
     return DemoResult(pair=pair.name, target=pair.target, draft=pair.draft, target_params=parameter_count(dec.target),
                       draft_params=parameter_count(dec.draft), chat=pair.chat,
-                      tree=f"static:width={cfg.width},depth={cfg.depth}", max_new_tokens=cfg.max_new_tokens,
+                      tree=spec, max_new_tokens=cfg.max_new_tokens,
                       borrowed=list(pair.files.borrowed), rows=rows)
 
 
@@ -128,4 +130,5 @@ def run_demo(cfg: DemoConfig, data: Path | None = None) -> list[DemoRow]:
     if not (models / "target" / "config.json").exists():
         raise TreewiseError(f"no model pair under {models}: run `treewise train-pair` or set TREEWISE_DATA")
     dec = TreeDecoder.from_pretrained(models / "target", models / "draft", device="cpu")
-    return demo_rows(dec, pick_prompts(load_suite(data / "prompts", split="test"), cfg.per_domain), cfg)
+    prompts = pick_prompts(load_suite(data / "prompts", split="test"), cfg.per_domain)
+    return demo_rows(dec, prompts, cfg, build_tree(cfg.tree_for("micro"), "micro"))

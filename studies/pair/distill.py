@@ -93,9 +93,15 @@ def kept_tokens(train: list[Example], k: int, always: list[int]) -> np.ndarray:
     return np.sort(order[:k])
 
 
-def build_draft(target: LlamaForCausalLM, layers: int, to_target: np.ndarray) -> MappedLlamaForCausalLM:
-    """The target's first ``layers`` layers, final norm and kept embedding rows (``other``: their mean elsewhere)."""
+def build_draft(target: LlamaForCausalLM, layers: int, to_target: np.ndarray,
+                from_layers: tuple[int, ...] | None = None) -> MappedLlamaForCausalLM:
+    """The target's layers ``from_layers`` (default: its first ``layers``), final norm and kept embedding rows
+    (``other``: the mean of the rest)."""
     tc = target.config
+    picked = tuple(from_layers) if from_layers else tuple(range(layers))
+    if len(picked) != layers or not all(0 <= i < tc.num_hidden_layers for i in picked):
+        raise TreewiseError(f"--init-layers {','.join(map(str, picked))}: give {layers} layer indices of the "
+                            f"target's 0..{tc.num_hidden_layers - 1}, one per draft layer")
     vocab = int(tc.vocab_size)
     cfg = MappedLlamaConfig(
         target_vocab_size=vocab, vocab_size=len(to_target) + 1, hidden_size=tc.hidden_size,
@@ -111,8 +117,8 @@ def build_draft(target: LlamaForCausalLM, layers: int, to_target: np.ndarray) ->
     rest[torch.from_numpy(to_target)] = False
     with torch.no_grad():
         draft.model.embed_tokens.weight.copy_(torch.cat([emb[torch.from_numpy(to_target)], emb[rest].mean(0, True)]))
-        for i in range(layers):
-            draft.model.layers[i].load_state_dict(target.model.layers[i].state_dict())
+        for i, j in enumerate(picked):
+            draft.model.layers[i].load_state_dict(target.model.layers[j].state_dict())
         draft.model.norm.load_state_dict(target.model.norm.state_dict())
     draft.tie_weights()
     return draft
@@ -166,11 +172,11 @@ def train_draft(cfg: DistillConfig, on_progress: Callable[[DistillProgress], Non
         raise TreewiseError("train_draft needs the target folder: pass target= (`treewise pair fetch` converts one)")
     target = AutoModelForCausalLM.from_pretrained(cfg.target, dtype=torch.float32)
     eos = [int(t) for t in np.atleast_1d(target.generation_config.eos_token_id)]
-    draft = build_draft(target, cfg.layers, kept_tokens(train, cfg.vocab, eos))
+    draft = build_draft(target, cfg.layers, kept_tokens(train, cfg.vocab, eos), cfg.init_layers)
     del target
     opt = torch.optim.AdamW(draft.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
     ckpt = cfg.work / "draft.pt"
-    state = _restore(ckpt, draft, opt, torch.device("cpu")) if ckpt.exists() else {
+    state = _restore(ckpt, draft, opt, torch.device("cpu"), "train-draft") if ckpt.exists() else {
         "step": 0, "epoch": 0, "at": 0, "elapsed": 0.0, "loss": float("nan"), "tokens": 0}
     budget = cfg.minutes * 60
     t0, last = time.monotonic() - state["elapsed"], time.monotonic()
@@ -200,6 +206,7 @@ def train_draft(cfg: DistillConfig, on_progress: Callable[[DistillProgress], Non
     draft.eval()
     card = {"teacher_answers": len(examples), "train_answers": len(train), "heldout_answers": len(held),
             "train_answer_tokens": int(sum(len(e.answer) for e in train)), "layers": cfg.layers,
+            "init_layers": list(cfg.init_layers or range(cfg.layers)), "lr": cfg.lr,
             "kept_tokens": cfg.vocab, "steps": state["step"], "epochs": state["epoch"],
             "cpu_minutes": round(state["elapsed"] / 60, 1), "threads": cfg.threads, "final_loss": state["loss"],
             "heldout": evaluate(draft, held, cfg.batch_tokens)}
@@ -250,7 +257,8 @@ def render_card(card: dict) -> str:
     lines = [
         "# SmolLM2-135M-Instruct draft, distilled by treewise", "",
         f"A `MappedLlamaForCausalLM` (treewise/decoder/mapped.py): {card['layers']} Llama layers at the target's "
-        f"width, initialised from the target's first layers, with a vocabulary of the {card['kept_tokens']} "
+        f"width, initialised from the target's layers {card['init_layers']} (and its final norm and embedding "
+        f"rows), with a vocabulary of the {card['kept_tokens']} "
         "target tokens most frequent in the training answers plus one `other` row; it reads and writes target "
         "ids, and never drafts a token it does not keep (output stays exact).", "",
         f"- Data: the target's own greedy and sampled (T=0.8) answers to the prompt suite's train and tune "

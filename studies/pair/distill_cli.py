@@ -20,12 +20,21 @@ def _d(name: str) -> object:
     return option_default(DistillConfig, name)
 
 
+def _layers(text: str | None) -> tuple[int, ...] | None:
+    try:
+        return tuple(int(x) for x in text.split(",")) if text else None
+    except ValueError:
+        raise typer.BadParameter(f"--init-layers {text!r}: give comma-separated layer indices, e.g. 0,29") from None
+
+
 def train_draft_cmd(
     teacher: Path = typer.Option(_d("teacher"), help="Shards of `treewise pair teacher`."),
     target: Path | None = typer.Option(None, help="Target folder (default: the fetched SmolLM2)."),
     work: Path = typer.Option(_d("work"), help="Checkpoint folder (a rerun resumes from it)."),
     out: Path = typer.Option(_d("out"), help="Where the draft folder is written."),
     layers: int = typer.Option(_d("layers"), help="Draft layers (initialised from the target's first ones)."),
+    init_layers: str | None = typer.Option(None, help="Target layers to copy, one per draft layer, e.g. 0,29 "
+                                           "(default: the first ones)."),
     vocab: int = typer.Option(_d("vocab"), help="Target tokens the draft keeps (most frequent in answers)."),
     minutes: float = typer.Option(_d("minutes"), help="Training budget across restarts."),
     batch_tokens: int = typer.Option(_d("batch_tokens"), help="Padded tokens per optimiser step."),
@@ -41,7 +50,8 @@ def train_draft_cmd(
     hf_logging.disable_progress_bar()
     try:
         cfg = DistillConfig(teacher=teacher, target=target or fetch(SOURCES["smollm2"]), work=work, out=out,
-                            layers=layers, vocab=vocab, minutes=minutes, batch_tokens=batch_tokens, lr=lr,
+                            layers=layers, vocab=vocab,
+                            init_layers=_layers(init_layers), minutes=minutes, batch_tokens=batch_tokens, lr=lr,
                             threads=threads)
         with Progress(TextColumn("{task.description}"), BarColumn(), TimeRemainingColumn(), console=console) as bar:
             task = bar.add_task("train-draft", total=cfg.minutes * 60)

@@ -270,14 +270,15 @@ def train_stage(
     return StageResult(name, state["step"], state["tokens"], state["elapsed"], state["loss"], params)
 
 
-def _restore(path: Path, model: torch.nn.Module, opt: torch.optim.Optimizer, device: torch.device) -> dict:
+def _restore(path: Path, model: torch.nn.Module, opt: torch.optim.Optimizer, device: torch.device,
+             command: str = "train-pair") -> dict:
     """Load a stage checkpoint (tensors and plain values only: ``weights_only=True`` runs no pickled code)."""
     fix = f"delete {path} to restart that stage, or pass the --work folder of the run that wrote it"
     try:
         ckpt = torch.load(path, weights_only=True, map_location=device)
     except Exception as err:  # torch raises anything from UnpicklingError to IndexError on garbage
         why = (str(err).splitlines() or [type(err).__name__])[0][:160]
-        raise TreewiseError(f"{path}: not a train-pair checkpoint (unreadable: {why}); {fix}") from None
+        raise TreewiseError(f"{path}: not a {command} checkpoint (unreadable: {why}); {fix}") from None
     try:
         model.load_state_dict(ckpt["model"])
         opt.load_state_dict(ckpt["opt"])
@@ -286,7 +287,7 @@ def _restore(path: Path, model: torch.nn.Module, opt: torch.optim.Optimizer, dev
         raise TreewiseError(f"{path}: a checkpoint of another model shape ({str(err).splitlines()[0][:160]}); "
                             f"{fix}") from None
     except (KeyError, TypeError, ValueError) as err:
-        raise TreewiseError(f"{path}: not a train-pair checkpoint ({type(err).__name__}: {err}); {fix}") from None
+        raise TreewiseError(f"{path}: not a {command} checkpoint ({type(err).__name__}: {err}); {fix}") from None
     return state
 
 
