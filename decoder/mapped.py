@@ -15,6 +15,7 @@ it as they run any causal LM; only ``forward`` differs from ``LlamaForCausalLM``
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import torch
@@ -30,6 +31,13 @@ class MappedLlamaConfig(LlamaConfig):
     def __init__(self, target_vocab_size: int = 0, **kwargs: Any) -> None:
         self.target_vocab_size = target_vocab_size
         super().__init__(**kwargs)
+
+    def get_text_config(self, decoder: bool | None = None, encoder: bool | None = None) -> LlamaConfig:
+        """What ``generate`` sees: a copy whose ``vocab_size`` is the width of the logits (the target's), so
+        assisted generation pairs this draft with its target as models of one tokenizer, which they are."""
+        view = copy.copy(super().get_text_config(decoder=decoder, encoder=encoder))
+        view.vocab_size = self.target_vocab_size or self.vocab_size
+        return view
 
 
 class MappedLlamaForCausalLM(LlamaForCausalLM):

@@ -67,6 +67,21 @@ def test_greedy_output_is_exact_when_the_target_says_unkept_tokens() -> None:
     assert out.token_ids == plain.token_ids
 
 
+def test_hf_assisted_generation_takes_it_as_the_targets_assistant() -> None:
+    """``generate(assistant_model=...)`` pairs models by the logits' width: the draft must report the target's."""
+    target = make_model("llama", 0)
+    target.generation_config.eos_token_id = None
+    prompt = torch.tensor([[5, 6, 7, 8]])
+    plain = target.generate(prompt, max_new_tokens=24, do_sample=False)
+    said = sorted(set(plain[0, 4:].tolist()))
+    kept = said[::2] + [t for t in range(4, 96) if t not in said][:3]
+    draft = mapped_draft(96, kept)
+    assert draft.config.vocab_size == len(kept) + 1 and draft.config.get_text_config().vocab_size == 96
+    draft.generation_config.eos_token_id = None
+    assisted = target.generate(prompt, max_new_tokens=24, do_sample=False, assistant_model=draft)
+    assert assisted.tolist() == plain.tolist()
+
+
 def test_sampling_follows_the_target_with_a_cut_draft() -> None:
     vocab = 8
     tok = make_tokenizer(vocab)
