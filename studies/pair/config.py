@@ -72,7 +72,7 @@ class DemoConfig(BaseModel):
     # The tree per pair, sized for that pair's cost curve (docs/real-pair.md says how each was chosen).
     trees: dict[str, str] = Field(default_factory=lambda: {
         "micro": "static:width=2,depth=3",  # the fastest tree in the micro card's shape search (Chain(2) close)
-        "smollm2": "budgeted",  # per-domain shapes of data/smollm2/budgets.json
+        "smollm2": "budgeted",  # the shapes of data/smollm2/budgets.json
     })
     tree: str | None = None  # a tree spec overriding ``trees``
     threads: int = 2
