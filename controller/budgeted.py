@@ -11,7 +11,7 @@ from treewise.decoder import Candidates, Frontier, LevelPlan, RequestInfo, Stati
 from .budgets import BudgetsFile, DomainBudget
 from .guard import PayoffGuard
 from .latency import LatencyProfile
-from .learned import AcceptanceModel, DomainResolver, LearnedTree
+from .learned import AcceptanceModel, DomainResolver, LearnedTree, PairData
 from .policies import ConfidenceTree
 
 
@@ -56,11 +56,15 @@ class BudgetedTree:
 
     @classmethod
     def default(cls, guard: bool = False, pair: str | None = None) -> BudgetedTree:
-        """The budgets, predictor and latency profile of the model ``pair`` (as ``LearnedTree.default``) and the
-        domain classifier; ``guard=True`` adds a ``PayoffGuard`` (off by default, as in ``LearnedTree.default``)."""
-        learned = LearnedTree.default(pair=pair)
-        payoff = PayoffGuard(learned.latency.target_time(1)) if guard and learned.latency is not None else None
-        return cls(learned.budgets, learned.predictor, learned.latency, learned.classifier, payoff)
+        """The budgets, latency profile and domain classifier of the model ``pair`` (``PairData``), and its predictor
+        when a budget names the learned policy; ``guard=True`` adds a ``PayoffGuard`` (off by default)."""
+        shipped = PairData.load(pair)
+        budgets = shipped.budgets
+        predictor = None  # loaded only when a budget names the learned policy: a pair may ship none yet
+        if any(b.policy == "learned" for b in (budgets.default, *budgets.domains.values())):
+            predictor = LearnedTree.default(pair=pair).predictor
+        payoff = PayoffGuard(shipped.latency.target_time(1)) if guard and shipped.latency is not None else None
+        return cls(budgets, predictor, shipped.latency, shipped.classifier, payoff)
 
     def start(self, request: RequestInfo) -> None:
         domain = request.domain

@@ -50,6 +50,28 @@ from .level import DEFAULT_TYPES, Kernels, LevelState, kernels, python_kernels, 
 PRIOR_ACCEPTANCE = 0.5  # assumed before a request has verified anything
 
 
+@dataclass(frozen=True)
+class PairData:
+    """A model pair's shipped budgets, latency profile (when measured) and domain classifier, and where its
+    predictor lives (loaded only by the policies that call it)."""
+
+    budgets: BudgetsFile
+    latency: LatencyProfile | None
+    classifier: DomainResolver | None
+    predictor: Path
+
+    @classmethod
+    def load(cls, pair: str | None = None, latency: LatencyProfile | None = None) -> PairData:
+        from .domains import DomainClassifier
+
+        files = pair_files(pair)
+        if latency is None and files.latency.exists():
+            latency = LatencyProfile.read(files.latency)
+        budgets = load_budgets(files.budgets) if files.budgets.exists() else BudgetsFile(default=DomainBudget())
+        classifier = DomainClassifier.default() if (data_dir() / "domain_classifier.npz").exists() else None
+        return cls(budgets, latency, classifier, Path(files.predictor))
+
+
 @runtime_checkable
 class AcceptanceModel(Protocol):
     """What LearnedTree needs of a predictor: one frontier's features in, acceptance probabilities out."""
@@ -132,16 +154,10 @@ class LearnedTree:
         classifier; ``guard=True`` (with the latency profile) adds a ``PayoffGuard``."""
         from treewise.predictor import AcceptancePredictor
 
-        from .domains import DomainClassifier
-
-        files = pair_files(pair)
-        profile = latency
-        if profile is None and files.latency.exists():
-            profile = LatencyProfile.read(files.latency)
-        budgets = load_budgets(files.budgets) if files.budgets.exists() else BudgetsFile(default=DomainBudget())
-        classifier = DomainClassifier.default() if (data_dir() / "domain_classifier.npz").exists() else None
-        predictor = AcceptancePredictor.load(Path(files.predictor))
-        return cls(predictor, budgets, profile, classifier, online=OnlineConfig() if online else None,
+        shipped = PairData.load(pair, latency)
+        predictor = AcceptancePredictor.load(Path(shipped.predictor))
+        profile = shipped.latency
+        return cls(predictor, shipped.budgets, profile, shipped.classifier, online=OnlineConfig() if online else None,
                    guard=PayoffGuard(profile.target_time(1)) if guard and profile is not None else None)
 
     @property

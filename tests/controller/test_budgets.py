@@ -91,3 +91,18 @@ def test_domain_budget_is_frozen() -> None:
     budget = DomainBudget()
     with pytest.raises(ValueError):
         budget.node_budget = 5  # type: ignore[misc]
+
+
+def test_budgeted_default_loads_a_predictor_only_when_a_budget_names_learned(tmp_path, monkeypatch) -> None:
+    from treewise.controller import BudgetedTree
+
+    monkeypatch.setenv("TREEWISE_DATA", str(tmp_path))  # no predictor folder here
+    static = {"policy": "static", "node_budget": 4, "max_depth": 1, "max_width": 4}
+    (tmp_path / "budgets.json").write_text(json.dumps({"version": 1, "default": static}))
+    tree = BudgetedTree.default(pair="micro")
+    assert tree.predictor is None and tree.budgets.default.policy == "static"
+    learned = dict(static, policy="learned")
+    (tmp_path / "budgets.json").write_text(json.dumps({"version": 1, "default": static,
+                                                       "domains": {"code": learned}}))
+    with pytest.raises(TreewiseError, match="model.txt is missing"):
+        BudgetedTree.default(pair="micro")

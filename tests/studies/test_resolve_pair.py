@@ -123,7 +123,7 @@ def test_demo_on_a_chat_pair_frames_its_prompts(chat_pair_dir: Path, data: Path)
     from treewise.studies.pair.demo import run_pair_demo
 
     write_suite(data).rename(data / "prompts")
-    cfg = DemoConfig(per_domain=1, max_new_tokens=4, threads=1)
+    cfg = DemoConfig(per_domain=1, max_new_tokens=4, threads=1, tree="static:width=2,depth=2")  # data/ is empty
     chat = run_pair_demo(cfg, resolve_pair("smollm2", chat_pair_dir / "target", chat_pair_dir / "draft"))
     assert chat.chat and chat.pair == "smollm2" and all(r.same_as_plain for r in chat.rows)
     assert len(chat.borrowed) == 3  # the real pair's data files are the micro pair's until its own exist
