@@ -62,7 +62,9 @@ class BudgetedTree:
         budgets = shipped.budgets
         predictor = None  # loaded only when a budget names the learned policy: a pair may ship none yet
         if any(b.policy == "learned" for b in (budgets.default, *budgets.domains.values())):
-            predictor = LearnedTree.default(pair=pair).predictor
+            from treewise.predictor import AcceptancePredictor
+
+            predictor = AcceptancePredictor.load(shipped.predictor)
         payoff = PayoffGuard(shipped.latency.target_time(1)) if guard and shipped.latency is not None else None
         return cls(budgets, predictor, shipped.latency, shipped.classifier, payoff)
 
