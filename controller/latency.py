@@ -94,7 +94,7 @@ def _interp(n: float, xs: list[int], ys: list[float]) -> float:
 
 
 @torch.inference_mode()
-def _time_forwards(model: PreTrainedModel, context: int, sizes: tuple[int, ...], repeats: int) -> list[float]:
+def time_forwards(model: PreTrainedModel, context: int, sizes: tuple[int, ...], repeats: int) -> list[float]:
     """The median ms of one forward of n new tokens over ``context`` cached ones, for each n of ``sizes``.
 
     The sizes take turns within every repeat: a slow spell of the machine then spreads over all of them instead
@@ -128,8 +128,8 @@ def measure_latency(target: PreTrainedModel, draft: PreTrainedModel, context: in
                     sizes: tuple[int, ...] = SIZES, repeats: int = 40) -> LatencyProfile:
     device = next(target.parameters()).device
     return LatencyProfile(
-        sizes=list(sizes), target_ms=_time_forwards(target, context, sizes, repeats),
-        draft_ms=_time_forwards(draft, context, sizes, repeats), context=context, device=str(device),
+        sizes=list(sizes), target_ms=time_forwards(target, context, sizes, repeats),
+        draft_ms=time_forwards(draft, context, sizes, repeats), context=context, device=str(device),
         threads=torch.get_num_threads(), key=pair_key(target, draft),
         created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
     )

@@ -205,6 +205,9 @@ def latency(
     target: Annotated[str | None, typer.Option(help="target id or folder (default: the pair's)")] = None,
     draft: Annotated[str | None, typer.Option(help="draft id or folder (default: the pair's)")] = None,
     context: Annotated[int, typer.Option(help="cached tokens under each timed forward")] = 128,
+    linears_ab: Annotated[bool, typer.Option(
+        "--linears-ab", help="instead: time the target with torch's nn.Linear and with the decoder's SkinnyLinear "
+                             "(decoder/kernels.py) in turns, and print both; writes nothing")] = False,
 ) -> None:
     """Measure the pair's forward latency by tree size (LearnedTree's cost model) and write it as JSON."""
     from treewise.controller import measure_latency
@@ -219,6 +222,11 @@ def latency(
     except TreewiseError as err:
         console.print(f"[red]error:[/red] {err}")
         raise typer.Exit(2) from None
+    if linears_ab:
+        from .linears import linears_table, measure_linears
+
+        console.print(linears_table(measure_linears(dec.target, context)))
+        return
     profile = measure_latency(dec.target, dec.draft, context=context)
     write_text(out, json.dumps(profile.model_dump(), indent=1))
     table = Table(title=f"forward latency, ms (context {context}, {profile.threads} threads, {profile.device})")

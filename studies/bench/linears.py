@@ -1,0 +1,50 @@
+"""``treewise latency --linears-ab``: the target's forward with torch's ``nn.Linear`` against the decoder's
+``SkinnyLinear`` (decoder/kernels.py), timed in turns so that a slow spell of the machine hits both alike."""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+
+from rich.table import Table
+from torch import nn
+from transformers import PreTrainedModel
+
+from treewise.controller.latency import SIZES, time_forwards
+from treewise.decoder.kernels import SkinnyLinear, swap_linears
+
+
+@dataclass(frozen=True)
+class LinearsAB:
+    sizes: tuple[int, ...]
+    stock_ms: list[float]  # median over rounds of each round's median, nn.Linear
+    skinny_ms: list[float]  # the same with SkinnyLinear
+    context: int
+    rounds: int
+
+
+def measure_linears(model: PreTrainedModel, context: int = 128, rounds: int = 6, repeats: int = 5) -> LinearsAB:
+    """Alternate the two kinds ``rounds`` times, ``repeats`` timed forwards per size each; ``model`` ends as it was
+    loaded on CPU (SkinnyLinear)."""
+    runs: dict[type[nn.Linear], list[list[float]]] = {nn.Linear: [], SkinnyLinear: []}
+    try:
+        for _ in range(rounds):
+            for kind, times in runs.items():
+                swap_linears(model, kind)
+                times.append(time_forwards(model, context, SIZES, repeats))
+    finally:
+        swap_linears(model, SkinnyLinear)
+    med = {kind: [statistics.median(r[i] for r in t) for i in range(len(SIZES))] for kind, t in runs.items()}
+    return LinearsAB(SIZES, med[nn.Linear], med[SkinnyLinear], context, rounds)
+
+
+def linears_table(ab: LinearsAB) -> Table:
+    table = Table(title=f"target forward, ms (context {ab.context}, {ab.rounds} alternating rounds): nn.Linear "
+                        "against SkinnyLinear")
+    for col in ("tokens", "nn.Linear", "SkinnyLinear", "ratio", "nn.Linear / its 1 token",
+                "SkinnyLinear / its 1 token"):
+        table.add_column(col, justify="right")
+    for n, a, b in zip(ab.sizes, ab.stock_ms, ab.skinny_ms, strict=True):
+        table.add_row(str(n), f"{a:.1f}", f"{b:.1f}", f"{b / a:.2f}", f"{a / ab.stock_ms[0]:.2f}",
+                      f"{b / ab.skinny_ms[0]:.2f}")
+    return table
