@@ -129,10 +129,15 @@ def test_sliding_mask_counts_positions_along_the_path() -> None:
     ]
 
 
+# Recurrent models are refused by their cache (transformers <= 5.24) or by their layer types (5.25 declares
+# linear_attention layers and a cache treewise's check accepts): either way the message says why.
+RECURRENT = "recurrent or custom cache|linear_attention layers"
+
+
 @pytest.mark.parametrize("model_type,extra,reason", [
-    ("qwen3_next", {}, "recurrent or custom cache"),
-    ("jamba", {}, "recurrent or custom cache"),
-    ("mamba", {}, "recurrent or custom cache"),
+    ("qwen3_next", {}, RECURRENT),
+    ("jamba", {}, RECURRENT),
+    ("mamba", {}, RECURRENT),
     ("llama4_text", {}, "chunked_attention layers"),
     ("lfm2", {}, "not in treewise's verified"),
     ("smollm3", {}, "not in treewise's verified"),
@@ -141,7 +146,7 @@ def test_unsupported_models_are_refused(model_type: str, extra: dict, reason: st
     model = build(model_type, 0, **extra)
     with pytest.raises(TreewiseError, match=re.escape(type(model).__name__)) as err:
         TreeDecoder(model, model, tok)
-    assert reason in str(err.value)
+    assert re.search(reason, str(err.value))
 
 
 def test_unverified_attention_model_runs_when_allowed(tok) -> None:
