@@ -272,11 +272,45 @@ def teacher_cmd(
     console.print(f"{done.done}/{done.total} answers, {done.tokens} tokens, {done.elapsed_s / 60:.1f} min: {out}")
 
 
+def prompts_cmd(
+    out: Path = typer.Option(Path("runs/smollm2-fresh"), help="Suite folder written (<domain>.jsonl + manifest)."),
+    per_domain: int = typer.Option(25, help="Prompts per domain."),
+    exclude: Path = typer.Option(data_dir() / "prompts", help="Suite whose prompts (every split) are left out."),
+) -> None:
+    """A collection suite of prompts no shipped draft saw (ShareGPT, HumanEval, reasoning-gym, generated)."""
+    import hashlib
+
+    from .corpus.fresh import FreshConfig, build_fresh_suite
+    from .corpus.sources import SourceMissing
+
+    cfg = FreshConfig(out=out, per_domain=per_domain, exclude=exclude)
+    try:
+        suite = build_fresh_suite(cfg)
+    except (*user_errors(), SourceMissing) as err:
+        fail(console, err)
+    table = Table("domain", "prompts", "sources")
+    digest = hashlib.sha256()
+    for domain, rows in suite.items():
+        text = "".join(json.dumps(r) + "\n" for r in rows)
+        digest.update(text.encode("utf-8"))
+        write_text(out / f"{domain}.jsonl", text)
+        counts: dict[str, int] = {}
+        for r in rows:
+            counts[r["source"].split(":")[0]] = counts.get(r["source"].split(":")[0], 0) + 1
+        table.add_row(domain, str(len(rows)), ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
+    manifest = {"config": json.loads(cfg.model_dump_json()), "sha256": digest.hexdigest(),
+                "prompts": {d: len(r) for d, r in suite.items()}}
+    write_text(out / "manifest.json", json.dumps(manifest, indent=1))
+    console.print(table)
+    console.print(f"{sum(len(r) for r in suite.values())} prompts, sha256 {digest.hexdigest()[:16]}: {out}")
+
+
 def register(app: typer.Typer) -> None:
     pair_app = typer.Typer(no_args_is_help=True, help="Real model pairs: fetch and convert.")
     pair_app.command("fetch")(fetch_cmd)
     pair_app.command("teacher")(teacher_cmd)
     pair_app.command("train-draft")(train_draft_cmd)
+    pair_app.command("prompts")(prompts_cmd)
     app.add_typer(pair_app, name="pair")
     app.command("train-pair")(train_pair_cmd)
     app.command("pair-report")(pair_report_cmd)
