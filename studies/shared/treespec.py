@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from treewise.controller import (
@@ -186,15 +187,21 @@ def _dynamic_chain(**params: Any) -> TreePolicy:
 
 
 def _learned(online: bool | None = None, guard: bool | None = None, budgets: str | None = None,
-             native: bool | None = None, pair: str | None = None, **params: Any) -> TreePolicy:
+             native: bool | None = None, predictor: str | None = None, pair: str | None = None,
+             **params: Any) -> TreePolicy:
     """The shipped LearnedTree; ``budgets`` reads another budgets file (e.g. a ``treewise tune --family learned``
-    result); any budget field given overrides the budgets for every domain; ``online=false`` turns the
+    result), ``predictor`` another predictor folder (e.g. another pair's, to measure what training on this
+    pair's logs buys); any budget field given overrides the budgets for every domain; ``online=false`` turns the
     per-request correction off, ``guard=true`` the measured fallback to plain on, ``native=false`` the compiled
     level off (the Python path, for A/B runs)."""
     policy = LearnedTree.default(online=online is not False, guard=guard is True, pair=pair)
     policy.native = native is not False
     if budgets is not None:
         policy.budgets = load_budgets(budgets)
+    if predictor is not None:
+        from treewise.predictor import AcceptancePredictor
+
+        policy.predictor = AcceptancePredictor.load(Path(predictor))
     if given := _given(params):
         policy.budgets = BudgetsFile(default=DomainBudget(policy="learned", **given))
     return policy
@@ -222,7 +229,8 @@ register_tree_kind(TreeKind(
     | {"online": Param(bool, help="per-request online correction of the predictor (default true)"),
        "guard": Param(bool, help="plain steps where drafting measurably does not pay (default false)"),
        "native": Param(bool, help="each level as one compiled call where numba is installed (default true)"),
-       "budgets": Param(str, help="budgets file to read instead of the pair's budgets.json")},
+       "budgets": Param(str, help="budgets file to read instead of the pair's budgets.json"),
+       "predictor": Param(str, help="predictor folder to read instead of the pair's")},
     help="LearnedTree with the model pair's predictor, budgets and latency profile (decoder.pairs.pair_files)",
     uses_pair=True,
 ))

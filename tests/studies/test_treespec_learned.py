@@ -1,5 +1,7 @@
 """The ``learned`` tree spec reads another budgets file when given one, and names a missing one."""
 
+import json
+
 import pytest
 
 from treewise.controller import BudgetsFile, DomainBudget, save_budgets
@@ -20,3 +22,22 @@ def test_learned_spec_reads_the_budgets_file_it_is_given(tmp_path) -> None:
 def test_learned_spec_names_a_missing_budgets_file(tmp_path) -> None:
     with pytest.raises(TreeSpecError, match="nope.json: budgets file not found"):
         parse_tree_spec(f"learned:budgets={tmp_path / 'nope.json'}").build()
+
+
+def test_learned_spec_reads_the_predictor_folder_it_is_given(tmp_path) -> None:
+    import shutil
+
+    from treewise.decoder.pairs import pair_files
+
+    other = tmp_path / "other-predictor"
+    shutil.copytree(pair_files("micro").predictor, other)
+    calibration = json.loads((other / "calibration.json").read_text())
+    calibration["y"] = [min(1.0, y * 0.5 + 0.25) for y in calibration["y"]]  # a map the shipped one is not
+    (other / "calibration.json").write_text(json.dumps(calibration))
+    policy = parse_tree_spec(f"learned:predictor={other}").build(pair="micro")
+    default = parse_tree_spec("learned").build(pair="micro")
+    assert policy.predictor.feature_names == default.predictor.feature_names
+    assert list(policy.predictor.isotonic[1]) == calibration["y"]
+    assert list(default.predictor.isotonic[1]) != calibration["y"]
+    with pytest.raises(TreeSpecError, match="missing"):
+        parse_tree_spec(f"learned:predictor={tmp_path / 'missing'}").build(pair="micro")
