@@ -21,7 +21,7 @@ from transformers import PreTrainedModel
 from treewise.decoder import ArenaCache, TreeDecoder, TreewiseError, tree_attention_mask
 from treewise.decoder.atomic import write_bytes_atomic
 from treewise.decoder.mapped import output_vocab
-from treewise.decoder.paths import data_dir
+from treewise.decoder.pairs import LATENCY, PAIRS
 
 SIZES = (1, 2, 4, 8, 16, 32, 64)
 
@@ -158,16 +158,17 @@ def _config_text(model: PreTrainedModel) -> str:
 def load_or_measure(dec: TreeDecoder, cache_dir: str | Path) -> LatencyProfile:
     """The cached profile of this pair on this device, measured (about a second) on first use.
 
-    The shipped ``data/latency.json`` wins when it was measured for this very pair and device, so tuning and
-    ``LearnedTree.default()`` use one cost model.
+    A shipped profile (any named pair's ``latency.json``, ``decoder.pairs``) wins when it was measured for this
+    very pair and device, so tuning and ``LearnedTree.default()`` use one cost model.
     """
     cache_dir = Path(cache_dir)
     key = pair_key(dec.target, dec.draft)
-    shipped = data_dir() / "latency.json"
-    if shipped.exists():
-        profile = LatencyProfile.read(shipped)
-        if profile.key == key:
-            return profile
+    for spec in PAIRS.values():
+        shipped = spec.own(LATENCY)
+        if shipped.exists():
+            profile = LatencyProfile.read(shipped)
+            if profile.key == key:
+                return profile
     path = cache_dir / f"latency-{key}.json"
     if path.exists():
         return LatencyProfile.read(path)

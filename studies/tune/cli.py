@@ -88,6 +88,13 @@ def tune_cmd(
     pruner: Annotated[str, typer.Option(help="median or none")] = _t("pruner"),
     pruner_warmup: Annotated[int, typer.Option(help="prompts measured before pruning")] = _t("pruner_warmup_steps"),
     predictor: Annotated[Path | None, typer.Option(help="predictor folder (default: data/predictor)")] = None,
+    node_budget_max: Annotated[int, typer.Option(help="largest node budget searched (a target whose verification "
+                                                      "costs grow fast, such as a CPU one, wants a small one)")]
+    = option_default(SearchSpace, "node_budget").high,
+    depth_max: Annotated[int, typer.Option(help="deepest tree searched")] = option_default(
+        SearchSpace, "max_depth").high,
+    warm_start: Annotated[bool, typer.Option(help="a new study's first trial measures the budgets file's present "
+                                                  "entry for its domain")] = _t("warm_start"),
     budgets_out: Path | None = typer.Option(None, help="budgets file to write", show_default="the pair's "
                                             "budgets.json: data/budgets.json (micro), data/smollm2/budgets.json"),
     worker: Annotated[bool, typer.Option("--worker", help="only run trials: no budgets file, no held-out run")]
@@ -108,16 +115,20 @@ def tune_cmd(
     optuna.logging.set_verbosity(optuna.logging.ERROR)  # the live table shows each trial and failure reason
     domains = None if not domain or "all" in domain else domain
     try:
-        space = SearchSpace(families=tuple(family)) if family else SearchSpace()
+        base = SearchSpace()
+        space = SearchSpace(
+            families=tuple(family) if family else base.families,
+            node_budget=base.node_budget.model_copy(update={"high": node_budget_max}),
+            max_depth=base.max_depth.model_copy(update={"high": depth_max}))
     except ValidationError as err:
-        raise _fail(console, f"--family {' '.join(family or [])}: {err.errors()[0]['msg']}") from None
+        raise _fail(console, f"--family/--node-budget-max/--depth-max: {err.errors()[0]['msg']}") from None
     try:
         cfg = TuneConfig(domains=domains, trials=trials, storage=storage, study_name=study_name, suite=suite,
                          per_domain=per_domain, heldout_per_domain=heldout_per_domain, max_new_tokens=max_new_tokens,
                          repeats=repeats, seed=seed, timeout_s=timeout, pruner=pruner,
                          pruner_warmup_steps=pruner_warmup, space=space, predictor=predictor,
                          budgets_out=budgets_out, finalize=not worker, pair=pair, target=target, draft=draft,
-                         heartbeat_s=heartbeat)
+                         heartbeat_s=heartbeat, warm_start=warm_start)
     except ValidationError as err:
         raise _fail(console, _validation_message(err)) from None
     _run(cfg, _command_line(ctx), console, json_out, plots)

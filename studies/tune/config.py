@@ -84,6 +84,20 @@ class SearchSpace(BaseModel):
 
         return DomainBudget(policy=family, **values)
 
+    def params_of(self, budget: DomainBudget) -> dict[str, str | int | float] | None:
+        """``budget`` as this space's trial parameters (for ``enqueue_trial``); None when it lies outside."""
+        names = ["node_budget", "max_depth", "max_width"] + (
+            ["threshold", "cost_scale"] if budget.policy == "learned" else [])
+        if budget.policy not in self.families:
+            return None
+        params: dict[str, str | int | float] = {"policy": budget.policy}
+        for name in names:
+            rng, value = getattr(self, name), getattr(budget, name)
+            if not rng.low <= value <= rng.high:
+                return None
+            params[name] = value
+        return params
+
 
 class TuneConfig(BaseModel):
     """Every default of ``treewise tune``; the CLI reads its defaults from here."""
@@ -109,6 +123,7 @@ class TuneConfig(BaseModel):
     heartbeat_s: int = Field(10, ge=1, description="RDB storages: a trial whose worker is silent 3x this long "
                              "is failed and re-queued for another worker")
     space: SearchSpace = Field(default_factory=SearchSpace)  # validated against the controller's bounds
+    warm_start: bool = True  # a new study's first trial measures budgets_out's present entry for its domain
     predictor: Path | None = None  # None: the pair's predictor when present (decoder.pairs.pair_files)
     latency_cache: Path = Path("runs/latency")
     budgets_out: Path  # absent or None: the pair's own budgets file (``_pair_budgets``)

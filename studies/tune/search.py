@@ -188,11 +188,22 @@ def _open_study(storage: optuna.storages.BaseStorage, cfg: TuneConfig, domain: s
         study.set_user_attr("treewise_prefix", cfg.study_name)
         study.set_user_attr("domain", domain)
         study.set_user_attr("space", space.model_dump(mode="json"))
+        _warm_start(study, cfg, domain, space)
     elif SearchSpace.model_validate(stored) != space:
         raise TuneError(f"study {name!r} in {safe_url(cfg.storage)} was created with search space {stored}; this call "
                         f"searches {space.model_dump(mode='json')}: pass the same --family options (and "
                         "predictor availability) or use a new --study-name")
     return study
+
+
+def _warm_start(study: optuna.Study, cfg: TuneConfig, domain: str, space: SearchSpace) -> None:
+    """Queue the budgets file's present entry for ``domain`` as the study's first trial: the sampler then knows
+    the incumbent, and a tuned budget that wins on the tune prompts has beaten it there."""
+    if not cfg.warm_start or not cfg.budgets_out.exists():
+        return
+    params = space.params_of(load_budgets(cfg.budgets_out).for_domain(domain))
+    if params is not None:
+        study.enqueue_trial(params, user_attrs={"warm_start": str(cfg.budgets_out)})
 
 
 def _objective(trial: Trial, setup: _Setup, cfg: TuneConfig, prompts: list[Prompt]) -> float:

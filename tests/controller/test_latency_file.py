@@ -68,3 +68,20 @@ def test_default_reads_the_pairs_own_files(tmp_path, monkeypatch) -> None:
     assert BudgetedTree.default(pair="smollm2").latency.target_ms == own.target_ms
     assert LearnedTree.default(pair="micro").latency.target_ms == micro.target_ms
     assert LearnedTree.default().latency.target_ms == micro.target_ms  # the tests' $TREEWISE_PAIR is micro
+
+
+def test_load_or_measure_takes_any_named_pairs_shipped_profile_of_this_pair(tmp_path, monkeypatch,
+                                                                             tiny_pair_dir) -> None:
+    """The real pair's profile lives in data/smollm2/, not data/: tuning must read it, not measure its own."""
+    from treewise.controller.latency import load_or_measure, pair_key
+    from treewise.decoder import TreeDecoder
+
+    dec = TreeDecoder.from_pretrained(tiny_pair_dir / "target", tiny_pair_dir / "draft")
+    shipped = LatencyProfile.flat().model_copy(update={"key": pair_key(dec.target, dec.draft)})
+    (tmp_path / "smollm2").mkdir()
+    (tmp_path / "smollm2" / "latency.json").write_text(shipped.model_dump_json())
+    (tmp_path / "latency.json").write_text(LatencyProfile.flat().model_dump_json())  # another pair's
+    monkeypatch.setenv("TREEWISE_DATA", str(tmp_path))
+    cache = tmp_path / "cache"
+    assert load_or_measure(dec, cache) == shipped
+    assert not cache.exists()  # nothing measured

@@ -218,3 +218,43 @@ def test_bad_inputs_name_the_fix(dec, suite, tmp_path) -> None:
     with pytest.raises(TuneError, match="was created with search space"):
         tune(cfg.model_copy(update={"space": SearchSpace(families=("static",))}), dec=dec)
     assert study_name_for("t", "code") == "t-code"
+
+
+def test_a_new_study_first_measures_the_budgets_files_present_entry(dec, suite, tmp_path) -> None:
+    from treewise.controller import BudgetsFile, save_budgets
+
+    present = DomainBudget(policy="static", node_budget=6, max_depth=2, max_width=3)
+    outside = DomainBudget(policy="learned", node_budget=8, max_depth=2, max_width=4)  # family not searched
+    save_budgets(BudgetsFile(default=outside, domains={"code": present}), tmp_path / "budgets.json")
+    seen: list[DomainBudget] = []
+
+    def record(budget: DomainBudget) -> StaticTree:
+        seen.append(budget)
+        return StaticTree(2, 2)
+
+    cfg = _cfg(suite, tmp_path, trials=2, finalize=False)
+    tune(cfg, dec=dec, policy_factory=record)
+    # domains run in order (chat, code): chat's default entry lies outside the space, so it is sampled; code's
+    # first trial is the incumbent, every field as in the file
+    assert seen[0] != outside and seen[0].policy in ("static", "confidence")
+    assert seen[2] == present
+    first = optuna.load_study(study_name="t-code", storage=open_storage(cfg.storage)).trials[0]
+    assert first.user_attrs["warm_start"] == str(cfg.budgets_out)
+    seen.clear()
+    tune(cfg.model_copy(update={"trials": 1}), dec=dec, policy_factory=record)  # a resumed study: no second queue
+    assert len(optuna.load_study(study_name="t-code", storage=open_storage(cfg.storage)).trials) == 3
+    cold = _cfg(suite, tmp_path, trials=1, finalize=False, warm_start=False, study_name="cold", domains=["code"])
+    seen.clear()
+    tune(cold, dec=dec, policy_factory=record)
+    assert "warm_start" not in optuna.load_study(study_name="cold-code", storage=open_storage(cfg.storage)
+                                                 ).trials[0].user_attrs
+
+
+def test_the_search_space_bounds_come_from_the_command_line(suite, tmp_path) -> None:
+    res = CliRunner().invoke(app, ["tune", "--suite", str(suite), "--node-budget-max", "1",
+                                   "--storage", f"sqlite:///{tmp_path / 'x.db'}"])
+    assert res.exit_code != 0 and "node_budget range 2..1" in " ".join(res.output.split())
+    space = SearchSpace(node_budget=IntRange(low=2, high=12, log=True), max_depth=IntRange(low=1, high=3))
+    assert space.params_of(DomainBudget(policy="learned", node_budget=8, max_depth=2, max_width=4)) is not None
+    assert space.params_of(DomainBudget(policy="learned", node_budget=16, max_depth=2, max_width=4)) is None
+    assert space.params_of(DomainBudget(policy="static", node_budget=8, max_depth=4, max_width=2)) is None
