@@ -17,8 +17,10 @@ SplitBy = Literal["prompt_id", "request"]
 # Where `treewise train` writes and the controller loads the default predictor.
 DEFAULT_MODEL_DIR = Path("data/predictor")
 
-# Node-log columns that identify a row rather than describe it: never features.
-ID_COLUMNS: tuple[str, ...] = ("run_id", "prompt_id", "step", "node_id", "parent_id", "token_id")
+# Node-log columns that identify a row rather than describe it: never features. token_id is not one of them:
+# a BPE vocabulary numbers its tokens in merge order, so the id is a frequency rank (rare tokens are drafted
+# worse); the real pair's predictor reads it (data/smollm2/predictor/config.json, docs/predictor.md).
+ID_COLUMNS: tuple[str, ...] = ("run_id", "prompt_id", "step", "node_id", "parent_id")
 
 # prompt_len is left out: templates of one source share a prompt length, so it can only identify sources
 # (on the source-held-out split, adding it back made no measurable difference; docs/predictor.md).
@@ -54,6 +56,7 @@ FEATURE_GROUPS: dict[str, tuple[str, ...]] = {
     "prompt_len": ("prompt_len",),
     "path": ("path_logprob", "parent_draft_prob"),
     "token_type": ("token_type",),
+    "token_id": ("token_id",),
 }
 
 

@@ -54,13 +54,14 @@ def _prompt_folds(prompts: np.ndarray, domains: np.ndarray, k: int, seed: int) -
 
 
 def _group_folds(groups: np.ndarray, domains: np.ndarray, k: int) -> tuple[np.ndarray, list[list[str]]]:
-    """Whole groups per domain into folds, largest first into the fold with the fewest rows so far."""
+    """Whole groups per domain into folds, largest first into the fold with the fewest rows so far (over all
+    domains: a load kept per domain sent every domain's largest group to fold 0)."""
     fold = np.zeros(len(groups), dtype=np.int64)
     held: list[list[str]] = [[] for _ in range(k)]
+    load = np.zeros(k)
     for dom in sorted(set(domains.tolist())):
         in_dom = domains == dom
         names, sizes = np.unique(groups[in_dom], return_counts=True)
-        load = np.zeros(k)
         for i in sorted(range(len(names)), key=lambda j: (-sizes[j], names[j])):
             f = int(np.argmin(load))
             load[f] += sizes[i]

@@ -28,9 +28,10 @@ NUMBA = importlib.util.find_spec("numba") is not None
 needs_numba = pytest.mark.skipif(not NUMBA, reason="numba is not installed (the native extra)")
 
 
-@pytest.fixture(scope="module")
-def shipped() -> AcceptancePredictor:
-    model = AcceptancePredictor.load(data_dir() / "predictor")
+# Both shipped predictors: the real pair's also reads token_id, a column the level fills from the candidates.
+@pytest.fixture(scope="module", params=["predictor", "smollm2/predictor"])
+def shipped(request: pytest.FixtureRequest) -> AcceptancePredictor:
+    model = AcceptancePredictor.load(data_dir() / request.param)
     assert (model.forest is not None) == NUMBA, model.backend_reason  # with numba the forest must be compiled
     return model
 
@@ -129,3 +130,8 @@ def test_a_predictor_without_forest_arrays_runs_the_python_level(pair, shipped) 
     out = pair.generate("def f(x):", max_new_tokens=16, tree=policy, domain="code")
     assert not policy.native_level and kernels() is not None
     assert out.token_ids == pair.generate_plain("def f(x):", max_new_tokens=16).token_ids
+
+
+def test_the_real_pairs_predictor_reads_token_id() -> None:
+    """What makes the parametrised tests above cover the token_id column."""
+    assert "token_id" in AcceptancePredictor.load(data_dir() / "smollm2/predictor").feature_names
