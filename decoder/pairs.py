@@ -60,8 +60,9 @@ PAIRS: dict[str, PairSpec] = {
     "smollm2": PairSpec(
         "smollm2", chat=True, draft="models/smollm2-draft", files="smollm2", source="smollm2", borrows="micro",
         how=((LATENCY, "`treewise latency --pair smollm2` measures it"),
-             (BUDGETS, "issue 33: `treewise tune --pair smollm2` tunes them"),
-             (PREDICTOR, "issue 33: `treewise collect --pair smollm2` + `treewise train` train it"))),
+             (BUDGETS, "`treewise tune --pair smollm2` tunes them"),
+             (PREDICTOR, "`treewise pair prompts` + `treewise collect --pair smollm2` + `treewise train` train "
+                         "it (docs/predictor.md)"))),
     "micro": PairSpec("micro", chat=False, draft="models/draft", files="", target="models/target"),
 }
 

@@ -45,7 +45,7 @@ def resume_lines(starts: dict[str, StudyStart]) -> list[str]:
     """One line per study that already has trials: what this run continues from."""
     lines = []
     for st in starts.values():
-        if st.trials == 0:
+        if st.trials == st.states.get("WAITING", 0) - st.retried:  # new: at most its warm start is queued
             continue
         s = st.states
         parts = [f"{s['COMPLETE']} complete", f"{s['PRUNED']} pruned", f"{s['FAIL']} failed"]

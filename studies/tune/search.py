@@ -19,6 +19,7 @@ from __future__ import annotations
 import shlex
 import sys
 import time
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -176,7 +177,8 @@ def _open_study(storage: optuna.storages.BaseStorage, cfg: TuneConfig, domain: s
     except KeyError:
         pass
     # A resumed seeded sampler would replay its first random points; offsetting by the trial count avoids it.
-    seed = None if cfg.seed is None else cfg.seed + trials_so_far
+    # The domain's own offset keeps the domains' studies from all sampling one sequence of points.
+    seed = None if cfg.seed is None else cfg.seed + trials_so_far + zlib.crc32(domain.encode()) % 100_000
     pruner: optuna.pruners.BasePruner = (
         optuna.pruners.MedianPruner(n_startup_trials=cfg.pruner_startup_trials, n_warmup_steps=cfg.pruner_warmup_steps)
         if cfg.pruner == "median" else optuna.pruners.NopPruner()

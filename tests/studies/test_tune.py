@@ -19,6 +19,7 @@ from treewise.controller import DomainBudget, load_budgets
 from treewise.decoder import StaticTree, TreeDecoder
 from treewise.studies.cli import app
 from treewise.studies.tune.config import IntRange, SearchSpace, TuneConfig
+from treewise.studies.tune.report import resume_lines
 from treewise.studies.tune.results import TuneError, open_storage, study_name_for
 from treewise.studies.tune.search import tune
 
@@ -233,7 +234,9 @@ def test_a_new_study_first_measures_the_budgets_files_present_entry(dec, suite, 
         return StaticTree(2, 2)
 
     cfg = _cfg(suite, tmp_path, trials=2, finalize=False)
-    tune(cfg, dec=dec, policy_factory=record)
+    starts: dict = {}
+    tune(cfg, dec=dec, policy_factory=record, on_start=starts.update)
+    assert starts["code"].states["WAITING"] == 1 and resume_lines(starts) == []  # queued, yet not "resuming"
     # domains run in order (chat, code): chat's default entry lies outside the space, so it is sampled; code's
     # first trial is the incumbent, every field as in the file
     assert seen[0] != outside and seen[0].policy in ("static", "confidence")
@@ -258,3 +261,15 @@ def test_the_search_space_bounds_come_from_the_command_line(suite, tmp_path) -> 
     assert space.params_of(DomainBudget(policy="learned", node_budget=8, max_depth=2, max_width=4)) is not None
     assert space.params_of(DomainBudget(policy="learned", node_budget=16, max_depth=2, max_width=4)) is None
     assert space.params_of(DomainBudget(policy="static", node_budget=8, max_depth=4, max_width=2)) is None
+
+
+def test_each_domains_study_samples_its_own_points(dec, suite, tmp_path) -> None:
+    seen: list[DomainBudget] = []
+
+    def record(budget: DomainBudget) -> StaticTree:
+        seen.append(budget)
+        return StaticTree(2, 2)
+
+    tune(_cfg(suite, tmp_path, trials=3, finalize=False, warm_start=False), dec=dec, policy_factory=record)
+    chat, code = seen[:3], seen[3:]
+    assert chat != code  # one seed for every domain used to give every domain the same three budgets
