@@ -279,6 +279,7 @@ def prompts_cmd(
 ) -> None:
     """A collection suite of prompts no shipped draft saw (ShareGPT, HumanEval, reasoning-gym, generated)."""
     import hashlib
+    from collections import Counter
 
     from .corpus.fresh import FreshConfig, build_fresh_suite
     from .corpus.sources import SourceMissing
@@ -294,9 +295,7 @@ def prompts_cmd(
         text = "".join(json.dumps(r) + "\n" for r in rows)
         digest.update(text.encode("utf-8"))
         write_text(out / f"{domain}.jsonl", text)
-        counts: dict[str, int] = {}
-        for r in rows:
-            counts[r["source"].split(":")[0]] = counts.get(r["source"].split(":")[0], 0) + 1
+        counts = Counter(r["source"].split(":")[0] for r in rows)
         table.add_row(domain, str(len(rows)), ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
     manifest = {"config": json.loads(cfg.model_dump_json()), "sha256": digest.hexdigest(),
                 "prompts": {d: len(r) for d, r in suite.items()}}

@@ -79,7 +79,7 @@ def sharegpt_first_turns(limit: int) -> Iterator[tuple[str, str]]:
 
 
 def _plain(text: str) -> bool:
-    """English-looking text with no markup dump: most characters ASCII, not one long unbroken token."""
+    """English-looking text: nearly all characters ASCII, and at least four words."""
     ascii_share = sum(c.isascii() for c in text) / max(len(text), 1)
     return ascii_share > 0.97 and len(text.split()) >= 4
 
