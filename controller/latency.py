@@ -20,10 +20,14 @@ from transformers import PreTrainedModel
 
 from treewise.decoder import ArenaCache, TreeDecoder, TreewiseError, tree_attention_mask
 from treewise.decoder.atomic import write_bytes_atomic
+from treewise.decoder.capability import AttentionLayout
+from treewise.decoder.kvcache import BatchCache, Feed
 from treewise.decoder.mapped import output_vocab
 from treewise.decoder.pairs import LATENCY, PAIRS
 
 SIZES = (1, 2, 4, 8, 16, 32, 64)
+BATCH_ROWS = (1, 2, 4, 8, 16)  # the batch grid: rows ...
+BATCH_SIZES = (1, 2, 4, 8, 16)  # ... times tokens fed by each row
 
 
 class LatencyError(TreewiseError):
@@ -44,10 +48,17 @@ class LatencyProfile(BaseModel):
     threads: int
     key: str = ""
     created: str = ""
+    # The batch grid (``measure_batch_grid``): ms of one batched forward in which each of ``batch_rows`` rows
+    # feeds ``batch_sizes`` tokens, through the batched cache ``generate_batch`` uses. Empty: never measured.
+    batch_rows: list[int] = []
+    batch_sizes: list[int] = []
+    batch_target_ms: list[list[float]] = []  # [rows][sizes]
+    batch_draft_ms: list[list[float]] = []
 
     # LearnedTree asks for the same few sizes dozens of times a step, and np.interp on a scalar is slow next to a
     # dict hit (docs/performance.md, "Why the hot path looks like this").
     _memo: dict[tuple[bool, float], float] = PrivateAttr(default_factory=dict)
+    _views: dict[int, LatencyProfile] = PrivateAttr(default_factory=dict)
 
     def target_time(self, n: int | float) -> float:
         key = (True, n)
@@ -60,6 +71,21 @@ class LatencyProfile(BaseModel):
         if key not in self._memo:
             self._memo[key] = _interp(n, self.sizes, _rising(self.draft_ms))
         return self._memo[key]
+
+    def for_batch(self, rows: int) -> LatencyProfile:
+        """The profile one row of a batch of ``rows`` sees: whole-step ms when every row feeds n tokens.
+
+        LearnedTree's cost rule compares a node's value with the step's relative marginal cost; for one row
+        of a batch that is the batch's (one more node in every row against the batch's step), read from the
+        grid. One row, or no grid measured: this profile (solo decoding's choices, unchanged)."""
+        if rows <= 1 or not self.batch_rows:
+            return self
+        if rows not in self._views:
+            target, draft = (_grid_row(rows, self.batch_rows, g) for g in (self.batch_target_ms, self.batch_draft_ms))
+            self._views[rows] = LatencyProfile(sizes=self.batch_sizes, target_ms=target, draft_ms=draft,
+                                               context=self.context, device=self.device, threads=self.threads,
+                                               key=self.key, created=self.created)
+        return self._views[rows]
 
     @classmethod
     def read(cls, path: str | Path) -> LatencyProfile:
@@ -79,6 +105,13 @@ class LatencyProfile(BaseModel):
         return cls(sizes=sizes, target_ms=[target_ms + per_node_ms * (s - 1) for s in sizes],
                    draft_ms=[draft_ms + per_node_ms * (s - 1) / 4 for s in sizes], context=0, device="synthetic",
                    threads=0)
+
+
+def _grid_row(rows: int, measured: list[int], grid: list[list[float]]) -> list[float]:
+    """The grid's curve at ``rows``: linear between measured row counts, along the last segment past the largest,
+    never below a smaller batch's (running maximum over rows, then over sizes)."""
+    g = np.maximum.accumulate(np.maximum.accumulate(np.asarray(grid, dtype=np.float64), axis=0), axis=1)
+    return _rising([_interp(rows, measured, g[:, j].tolist()) for j in range(g.shape[1])])
 
 
 def _rising(ys: list[float]) -> list[float]:
@@ -133,6 +166,50 @@ def measure_latency(target: PreTrainedModel, draft: PreTrainedModel, context: in
         threads=torch.get_num_threads(), key=pair_key(target, draft),
         created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
     )
+
+
+@torch.inference_mode()
+def time_batch_forwards(model: PreTrainedModel, layout: AttentionLayout, context: int, rows: tuple[int, ...],
+                        sizes: tuple[int, ...], repeats: int) -> list[list[float]]:
+    """The median ms of one batched forward through ``BatchCache`` (as ``generate_batch`` runs them) in which each
+    of ``rows`` rows feeds a tree chain of n tokens over ``context`` committed ones: [rows][sizes]. Sizes take
+    turns within every repeat, as in ``time_forwards``."""
+    device, dtype = next(model.parameters()).device, next(model.parameters()).dtype
+    vocab = output_vocab(model)
+    gen = torch.Generator().manual_seed(0)
+    grid = []
+    for b in rows:
+        cache = BatchCache(b, layout, dtype, device)
+        prompt = torch.randint(0, vocab, (b, context), generator=gen).to(device)
+        pos = torch.arange(context, device=device)
+        chain = torch.ones(context, context, dtype=torch.bool, device=device).tril()
+        cache.forward(model, [Feed(prompt[r], pos, chain, commit=context, causal=True) for r in range(b)])
+        feeds = [[Feed(torch.randint(0, vocab, (n,), generator=gen).to(device),
+                       context + torch.arange(n, device=device),
+                       torch.ones(n, n, dtype=torch.bool, device=device).tril(), keep=n) for _ in range(b)]
+                 for n in sizes]
+        times: list[list[float]] = [[] for _ in sizes]
+        for _ in range(repeats + 2):  # the first two rounds warm up
+            for fs, t in zip(feeds, times, strict=True):
+                t0 = time.perf_counter()
+                cache.forward(model, fs)
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
+                t.append(time.perf_counter() - t0)
+                cache.compact([[] for _ in range(b)])
+        grid.append([1e3 * statistics.median(t[2:]) for t in times])
+    return grid
+
+
+def measure_batch_grid(dec: TreeDecoder, profile: LatencyProfile, rows: tuple[int, ...] = BATCH_ROWS,
+                       sizes: tuple[int, ...] = BATCH_SIZES, repeats: int = 10) -> LatencyProfile:
+    """``profile`` with its batch grid (re)measured for ``dec``'s pair at the profile's context; the solo curves
+    stay as they are."""
+    grid = {name: time_batch_forwards(model, layout, profile.context, rows, sizes, repeats)
+            for name, model, layout in (("target", dec.target, dec.target_layout),
+                                        ("draft", dec.draft, dec.draft_layout))}
+    return LatencyProfile(**{**profile.model_dump(), "batch_rows": list(rows), "batch_sizes": list(sizes),
+                             "batch_target_ms": grid["target"], "batch_draft_ms": grid["draft"]})
 
 
 def _first(err: ValidationError) -> str:

@@ -7,9 +7,16 @@ clears the budget's threshold and, given the latency profile, pays for its verif
 children's predictions are spread keeps more of them (widening) and a peaked one keeps one. A level is
 drafted only when its expected gain covers one more draft forward; at the root, when the predicted
 value of the best root child (a running mean over recent steps) is too low to pay for drafting, the step is
-a plain target step (with a probe every ``probe_every`` steps). ``guard`` (``controller.guard``, off by default:
-on the bench it stopped drafting on noisy early steps and cost more than it saved; docs/performance.md)
-does the same from what the request has *measured*: step times and tokens per step against the plain step.
+a plain target step (with a probe every ``probe_every`` steps).
+
+The costs are the goodput of the step, solo or batched: in a batch of B rows (``Frontier.batch``), every node
+is priced by the batched forward of B rows (``LatencyProfile.for_batch``, the grid ``treewise latency``
+measures), so trees shrink, or drafting stops, as the batch makes verification dear (``batch_aware``). The
+step time outside the forwards and the machine's speed are measured per request (``controller.stepcost``,
+``measured``): the overhead counts in every node's share of the step, and the root's rule weighs a tree
+step's overhead against a plain step's, so a busy machine stops drafting by itself. ``guard``
+(``controller.guard``, off by default: on the bench it stopped drafting on noisy early steps and cost more than
+it saved; docs/performance.md) judges from tokens per step as well as step times.
 
 Online calibration (``online``, on by default): the predictor's outputs pass through a per-request
 Platt-style correction (``predictor.online``) updated after every step with what the step revealed: each
@@ -45,7 +52,8 @@ from .budgets import BudgetsFile, DomainBudget, load_budgets
 from .features import FeatureLayout, dict_scorer, raw_step_scalars
 from .guard import PayoffGuard
 from .latency import LatencyProfile
-from .level import DEFAULT_TYPES, Kernels, LevelState, kernels, python_kernels, tried_rows
+from .level import DEFAULT_TYPES, DRAFT_MS, Kernels, LevelState, kernels, python_kernels, tried_rows
+from .stepcost import MeasuredCosts
 
 PRIOR_ACCEPTANCE = 0.5  # assumed before a request has verified anything
 
@@ -112,6 +120,38 @@ def tried_nodes(levels: list[tuple[np.ndarray, np.ndarray, np.ndarray]], outcome
     return TriedNodes(p[:n].tolist(), y[:n].tolist()) if n >= 0 else None
 
 
+@dataclass(frozen=True)
+class Costs:
+    """The cost model one row sees at one batch size, at every tree size this request can ask for (looked up
+    dozens of times a step): whole-step ms of the target's verify and of one draft level by node count."""
+
+    batch: int
+    target: list[float]
+    draft: list[float]
+    root_draft_ms: float  # the root's draft forward
+    cost_scale: float
+
+    def root_cost(self, tree_ms: float = 0.0, plain_ms: float = 0.0) -> float:
+        """What a first draft forward and verified node cost over a plain step, in expected tokens at a fresh
+        step (gain 1, no nodes); ``tree_ms`` / ``plain_ms``: measured time outside the forwards of each kind."""
+        if not self.target:
+            return 0.0
+        d, t1, t2 = self.root_draft_ms, self.target[1], self.target[2]
+        return self.cost_scale * (d + t2 + tree_ms - t1 - plain_ms) / (d + t1 + tree_ms)
+
+
+def _costs(latency: LatencyProfile | None, budget: DomainBudget, batch: int) -> Costs:
+    """``latency`` seen by one row of ``batch`` (``LatencyProfile.for_batch``): every row of a batch feeding n
+    nodes costs the batched forward of n, so a node is worth adding when its value beats the batch's relative
+    marginal cost (goodput: the batch's expected tokens per second of its step), which grows with the batch."""
+    if latency is None:  # no cost rule: only thresholds and budgets
+        return Costs(batch, [], [], 0.0, budget.cost_scale)
+    lat = latency.for_batch(batch)
+    sizes = range(budget.node_budget + budget.max_width + 2)
+    target, draft = [lat.target_time(n) for n in sizes], [lat.draft_time(n) for n in sizes]
+    return Costs(batch, target, draft, draft[1], budget.cost_scale)
+
+
 @dataclass(eq=False)
 class Request:
     """What LearnedTree keeps for the request in flight, made by ``start``."""
@@ -122,10 +162,12 @@ class Request:
     kernels: Kernels  # the level and the step update, compiled or plain Python
     args: tuple  # ``state.args()``, refreshed when the state grows
     roots: tuple[LevelPlan, LevelPlan]  # the root's answers: a plain step, or max_width children
-    root_draft_ms: float  # the root's draft forward
-    root_cost: float  # a first draft forward and verified node, in expected tokens at a fresh step
+    costs: Costs  # the cost model at the step's batch size
     context: RequestFeatures
     count: int = 0  # candidates of this step so far
+    drafted: bool = False  # whether this step's root drafted ...
+    drafted_before: bool = False  # ... and the step before's
+    overhead_ms: float = 0.0  # the measured time outside forwards this step's tree was priced with
     root_value: float | None = None  # running mean of the best root child's value
 
 
@@ -138,9 +180,12 @@ class LearnedTree:
     probe_every: int = 8  # a request that stopped drafting still drafts every N steps to notice a change
     online: OnlineConfig | None = field(default_factory=OnlineConfig)  # None: no per-request correction
     guard: PayoffGuard | None = None  # None: no measured never-slower-than-plain rule
+    batch_aware: bool = True  # in a batch, size trees by the batch's cost model (False: as if decoding alone)
+    measured: bool = True  # correct the cost model by the step times the request gets (controller.stepcost)
     native: bool = True  # each level as one compiled call where numba and the predictor's forest arrays allow
     _calibrator: OnlineCalibrator = field(default_factory=OnlineCalibrator, init=False, repr=False)
     _request: Request | None = field(default=None, init=False, repr=False)
+    _steps: MeasuredCosts = field(default_factory=MeasuredCosts, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.online is not None:
@@ -184,27 +229,21 @@ class LearnedTree:
         # A domain tuned to another family (static, confidence) says nothing about learned sizes: use the default.
         budget = budget if budget.policy == "learned" else self.budgets.default
         layout = FeatureLayout.of(self.predictor, domain)
-        # The latency profile at every size this request can ask for: looked up dozens of times a step.
-        lat = self.latency
-        sizes = range(budget.node_budget + budget.max_width + 2)
-        target = [lat.target_time(n) for n in sizes] if lat is not None else []
-        draft = [lat.draft_time(n) for n in sizes] if lat is not None else []
+        costs = _costs(self.latency, budget, 1)
         forest = getattr(self.predictor, "forest", None)
         compiled = kernels() if self.native and layout.coded and isinstance(forest, ForestArrays) else None
+        target, draft = (costs.target, costs.draft) if self.latency is not None else ([], [])
         if compiled is not None:
             state = LevelState.build(layout, budget, target, draft, forest.arrays, self.predictor.isotonic)  # type: ignore[union-attr, attr-defined]
         else:  # the predictor's own entry point returns calibrated probabilities: no isotonic map here
             state = LevelState.build(layout, budget, target, draft, None, (np.zeros(0), np.zeros(0)))
         k = compiled or python_kernels(dict_scorer(self.predictor, layout))
-        # The root's rule reads only request constants: one draft forward and one verified node at a fresh
-        # step (gain 1, no nodes), in expected tokens.
-        root_ms = draft[1] if lat is not None else 0.0
-        cost = budget.cost_scale * (root_ms + target[2] - target[1]) / (root_ms + target[1]) if lat is not None else 0.0
         self._request = Request(domain, budget, state, k, state.args(),
-                                (LevelPlan.uniform(1, 0), LevelPlan.uniform(1, budget.max_width)), root_ms, cost,
+                                (LevelPlan.uniform(1, 0), LevelPlan.uniform(1, budget.max_width)), costs,
                                 RequestFeatures())
         self._request.context.start()
         self._calibrator.reset()
+        self._steps.start()
         if self.guard is not None:
             self.guard.start()
 
@@ -234,6 +273,13 @@ class LearnedTree:
     def observe(self, outcome: StepOutcome) -> None:
         r = self._request
         r.context.observe(outcome.accepted, outcome.tried)
+        if self.measured and r.costs.target:
+            # The forwards the profile predicts for this step's shape: draft levels and the verified tree.
+            drafted = r.drafted
+            predicted = (r.state.scalars[DRAFT_MS] - r.overhead_ms if drafted else 0.0) + r.costs.target[
+                min(outcome.verified + 1, len(r.costs.target) - 1)]
+            measurable = outcome.step > 0 and (r.drafted_before or not drafted)  # no prefill, no catch-up
+            self._steps.end(predicted, outcome.forward_ms, drafted, measurable)
         if self.guard is not None:
             self.guard.observe(outcome.verified, outcome.accepted)
         if self.online is not None and outcome.verified > 0:
@@ -252,11 +298,26 @@ class LearnedTree:
         # The predictor's own recent view of the best root child; before any, the request's running acceptance.
         rate = frontier.running_accept_rate
         est = r.root_value if r.root_value is not None else PRIOR_ACCEPTANCE if rate != rate else rate
+        if self.batch_aware and frontier.batch != r.costs.batch and self.latency is not None:
+            self._rebatch(frontier.batch)
+        tree_ms = plain_ms = 0.0
+        if self.measured:
+            self._steps.begin()
+            tree_ms, plain_ms = self._steps.tree_ms, self._steps.plain_ms
         allowed = self.guard.allow() if self.guard is not None else True  # always: it times the steps
-        draft = (est >= r.root_cost or frontier.step % self.probe_every == 0) and allowed
-        if draft:  # the level keeps the step's running state from here
+        draft = (est >= r.costs.root_cost(tree_ms, plain_ms) or frontier.step % self.probe_every == 0) and allowed
+        r.drafted_before, r.drafted, r.overhead_ms = r.drafted, draft, tree_ms
+        if draft:  # the level keeps the step's running state from here; a step's time outside its forwards
+            # counts in each node's share of the step (it is paid whatever the tree's size)
             cal = self._calibrator
-            r.state.begin_step(1.0, 0, r.root_draft_ms, frontier.position,
+            r.state.begin_step(1.0, 0, r.costs.root_draft_ms + tree_ms, frontier.position,
                                (cal.active, cal.offset, cal.slope) if self.online is not None else None,
                                raw_step_scalars(frontier, r.context))
         return r.roots[1 if draft else 0]
+
+    def _rebatch(self, batch: int) -> None:
+        """The step's batch size changed (rows joined or finished): the level reads the costs at the new one."""
+        r = self._request
+        r.costs = _costs(self.latency, r.budget, batch)
+        r.state.target[:] = r.costs.target  # in place: the level's argument tuple holds these arrays
+        r.state.draft[:] = r.costs.draft

@@ -3,7 +3,8 @@
 Every row keeps its own policy, tree, sampler and output; a step drafts all rows' levels in lockstep
 (one draft forward per level over every row that still drafts), verifies all rows' trees in one target
 forward (trees padded to the largest, padding masked out), accepts per row and compacts each row's cache
-to its own accepted path. Rows that finish leave the batch, so they stop costing compute.
+to its own accepted path. Rows that finish leave the batch, so they stop costing compute, and waiting requests
+take their places (continuous batching).
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from __future__ import annotations
 import copy
 import dataclasses
 import time
+from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -34,10 +37,12 @@ def fresh_policy(policy: TreePolicy) -> TreePolicy:
 
 @dataclass
 class _Row:
+    index: int  # in the input order
     req: _Request
     run: _Run
     stats: GenerationStats = field(default_factory=GenerationStats)
     log_rows: list[dict[str, np.ndarray]] = field(default_factory=list)  # written when the row ends, in order
+    t0: float = 0.0  # when the row joined the batch
 
 
 @dataclass
@@ -46,34 +51,58 @@ class _Timing:
     verify_s: float = 0.0
 
 
-def decode_batch(dec: StepCore, requests: list[_Request], runs: list[_Run]) -> list[GenerationStats]:
-    """Decode every request to its own stop condition; each row's stats in the input order."""
-    rows = [_Row(req, run) for req, run in zip(requests, runs, strict=True)]
-    for row in rows:
-        text = dec.tokenizer.decode(row.req.seq.tolist(), skip_special_tokens=True)
-        row.run.policy.start(RequestInfo(row.run.domain, row.req.prompt_len, row.req.max_new_tokens,
-                                         row.run.sampling.temperature, text))
-    target = BatchCache(len(rows), dec.target_layout, dec.target_dtype, dec.device)
-    draft = BatchCache(len(rows), dec.draft_layout, dec.draft_dtype, dec.device)
-    active = list(rows)
-    start = time.perf_counter()
-    while active:
+def decode_batch(dec: StepCore, requests: list[_Request], runs: list[_Run], max_rows: int | None = None,
+                 on_finish: Callable[[int, GenerationStats], None] | None = None) -> list[GenerationStats]:
+    """Decode every request to its own stop condition; each row's stats in the input order.
+
+    Continuous batching: at most ``max_rows`` rows decode together (None: all); when rows finish, waiting
+    requests join in input order (a joined row's first feed is its prompt, a committed chain), so a long row
+    does not hold a shrinking batch. ``on_finish(i, stats)`` is called as row i ends (its log written first).
+    """
+    waiting = deque(_Row(i, req, run) for i, (req, run) in enumerate(zip(requests, runs, strict=True)))
+    out: list[GenerationStats] = [GenerationStats() for _ in requests]
+    target = BatchCache(0, dec.target_layout, dec.target_dtype, dec.device)
+    draft = BatchCache(0, dec.draft_layout, dec.draft_dtype, dec.device)
+    active: list[_Row] = []
+    limit = len(requests) if max_rows is None else max(1, max_rows)
+    while waiting or active:
+        joining = [waiting.popleft() for _ in range(min(limit - len(active), len(waiting)))]
+        target.add(len(joining))
+        draft.add(len(joining))
+        for i, row in enumerate(joining, start=len(active)):
+            _join(dec, row, i, target, draft)
+        active += joining
         _step(dec, active, target, draft)
-        done = [i for i, row in enumerate(active) if row.req.finish is not None]
-        for i in done:
-            _close(active[i], start)
+        done = [row for row in active if row.req.finish is not None]
+        for row in done:
+            _close(row)
+            out[row.index] = row.stats
+            if on_finish is not None:
+                on_finish(row.index, row.stats)
         if done:
             keep = [i for i, row in enumerate(active) if row.req.finish is None]
             target.select(keep)
             draft.select(keep)
             active = [active[i] for i in keep]
-    return [row.stats for row in rows]
+    return out
+
+
+def _join(dec: StepCore, row: _Row, i: int, target: BatchCache, draft: BatchCache) -> None:
+    """Row ``row`` takes batch row ``i`` (empty, just added): its policy starts; once the batch runs, both caches
+    take its prompt but the root token by a forward of its own (a prefill), the root as every step's first node."""
+    row.t0 = time.perf_counter()
+    text = dec.tokenizer.decode(row.req.seq.tolist(), skip_special_tokens=True)
+    row.run.policy.start(RequestInfo(row.run.domain, row.req.prompt_len, row.req.max_new_tokens,
+                                     row.run.sampling.temperature, text))
+    prefix = row.req.seq[:-1]
+    target.prefill(dec.target, i, prefix)
+    draft.prefill(dec.draft, i, prefix)
 
 
 def _step(dec: StepCore, active: list[_Row], target: BatchCache, draft: BatchCache) -> None:
     t0 = time.perf_counter()
     timing = _Timing()
-    ctxs = [dec._context(row.req, len(row.stats.steps), row.run) for row in active]
+    ctxs = [dec._context(row.req, len(row.stats.steps), row.run, len(active)) for row in active]
     drafts = _draft_all(dec, active, ctxs, draft, timing)
     feeds: list[Feed | None] = [dec._tree_feed(row.req, dr.tree, target.committed_len(i))
                                 for i, (row, dr) in enumerate(zip(active, drafts, strict=True))]
@@ -84,7 +113,7 @@ def _step(dec: StepCore, active: list[_Row], target: BatchCache, draft: BatchCac
     for row, ctx, dr, lg in zip(active, ctxs, drafts, logits, strict=True):
         acc = dec.verifier(VerifyInput(dr.tree, lg, row.run.sampling, row.run.draft_mode, dr.draft_probs,
                                        row.run.generator))
-        out, log_rows = dec._settle(row.req, row.run, ctx, dr, lg, acc)
+        out, log_rows = dec._settle(row.req, row.run, ctx, dr, lg, acc, 1e3 * (timing.draft_s + timing.verify_s))
         if log_rows is not None:
             row.log_rows.append(log_rows)
         accs.append(acc)
@@ -98,7 +127,8 @@ def _step(dec: StepCore, active: list[_Row], target: BatchCache, draft: BatchCac
         row.req.extend(out)
         # Shared forwards are split evenly between the rows that took part.
         row.stats.steps.append(StepStats(dr.candidates.size, dr.tree.size - 1, acc.accepted, len(out),
-                                         dr.forwards, timing.draft_s / n, timing.verify_s / n, other, dr.policy_s))
+                                         dr.forwards, timing.draft_s / n, timing.verify_s / n, other, dr.policy_s,
+                                         rows=n))
 
 
 def _draft_all(dec: StepCore, active: list[_Row], ctxs: list, cache: BatchCache,
@@ -128,8 +158,8 @@ def _advance(gen: DraftFeeds, logits: torch.Tensor | None, results: list[DraftRe
         return None
 
 
-def _close(row: _Row, start: float) -> None:
-    row.stats.total_s = time.perf_counter() - start
+def _close(row: _Row) -> None:
+    row.stats.total_s = time.perf_counter() - row.t0
     if row.run.log is not None:
         for rows in row.log_rows:
             row.run.log.add_step(rows)

@@ -79,6 +79,7 @@ class DraftContext:
     prev_accepted: int = -1
     token_types: np.ndarray | None = None  # [V] token-type index per id, for the policy's features
     entropy: bool = True  # compute draft entropies (read by learned policies and node logs only)
+    batch: int = 1  # rows decoded together in this step (their trees share the step's forwards)
 
 
 @dataclass(slots=True)  # not frozen: a frozen init sets each of its fields through object.__setattr__
@@ -209,7 +210,7 @@ class Drafter:
         self.fields = {"step": c.step, "position": c.position, "prompt_len": c.prompt_len, "domain": c.domain,
                        "temperature": sampling.temperature, "max_depth": c.max_depth,
                        "running_accept_rate": c.running_accept_rate, "prev_accepted": c.prev_accepted,
-                       "token_type_table": c.token_types}
+                       "token_type_table": c.token_types, "batch": c.batch}
 
     def feeds(self) -> DraftFeeds:
         exp = (yield from self._root()) if self.ctx.max_depth >= 1 else None

@@ -69,34 +69,42 @@ class TreeDecoder(StepCore):
         return self._result(req, self._loop(req, run))
 
     @torch.inference_mode()
-    def generate_batch(self, prompts: list[str] | list[list[int]], max_new_tokens: int = DEFAULTS.max_new_tokens,
-                       tree: TreePolicy | None = None, temperature: float = DEFAULTS.temperature,
-                       top_k: int | None = None, top_p: float | None = None,
-                       seed: int | list[int | None] | None = None, domain: str | list[str] = "unknown",
-                       prompt_ids: list[str] | None = None, run_id: str = "",
+    def generate_batch(self, prompts: list[str] | list[list[int]],
+                       max_new_tokens: int | list[int] = DEFAULTS.max_new_tokens, tree: TreePolicy | None = None,
+                       temperature: float = DEFAULTS.temperature, top_k: int | None = None,
+                       top_p: float | None = None, seed: int | list[int | None] | None = None,
+                       domain: str | list[str] = "unknown", prompt_ids: list[str] | None = None, run_id: str = "",
                        log: NodeLogWriter | list[NodeLogWriter | None] | None = None,
-                       draft_mode: DraftMode = DEFAULTS.draft_mode) -> list[GenerationResult]:
+                       draft_mode: DraftMode = DEFAULTS.draft_mode, max_batch: int | None = None,
+                       on_finish: Callable[[int, GenerationResult], None] | None = None) -> list[GenerationResult]:
         """Decode many prompts together, one shared target forward per step; row i equals ``generate(prompts[i])``.
 
         Each row gets its own copy of ``tree`` (policies keep per-request state), its own sampler (``seed``:
-        one for every row, or one per row) and its own stop condition; finished rows leave the batch. ``log``
-        (one writer, or one per row) receives each row's node rows when that row ends, in its step order.
+        one for every row, or one per row), its own stop condition (``max_new_tokens``: one, or one per row).
+        ``max_batch``: at most that many rows decode at once; the others wait and join as rows finish
+        (continuous batching; None: all at once). ``log`` (one writer, or one per row) receives each row's node
+        rows when that row ends, in its step order; ``on_finish(i, result)`` is called as row i ends.
         """
         n = len(prompts)
         seeds = seed if isinstance(seed, list) else [seed] * n
         domains = domain if isinstance(domain, list) else [domain] * n
         ids = prompt_ids if prompt_ids is not None else [""] * n
         logs = log if isinstance(log, list) else [log] * n
-        if not len(seeds) == len(domains) == len(ids) == len(logs) == n:
-            raise TreewiseError(f"seed, domain, prompt_ids and log lists must have one entry per prompt ({n})")
-        encoded = self._encode_batch(prompts, max_new_tokens)
+        limits = max_new_tokens if isinstance(max_new_tokens, list) else [max_new_tokens] * n
+        if not len(seeds) == len(domains) == len(ids) == len(logs) == len(limits) == n:
+            raise TreewiseError(f"seed, domain, prompt_ids, log and max_new_tokens lists must have one entry per "
+                                f"prompt ({n})")
+        if max_batch is not None and max_batch < 1:
+            raise TreewiseError(f"max_batch must be >= 1 (or None: every row at once), got {max_batch}")
+        encoded = self._encode_batch(prompts, limits)
         policy = tree if tree is not None else StaticTree(DEFAULTS.width, DEFAULTS.depth)
         sampling = Sampling(temperature, top_k, top_p)
-        reqs = [self._new_request(e, max_new_tokens) for e in encoded]
+        reqs = [self._new_request(e, m) for e, m in zip(encoded, limits, strict=True)]
         runs = [_Run(fresh_policy(policy), sampling, draft_mode,
                      torch.Generator().manual_seed(s) if s is not None else None, d, pid, run_id, lg)
                 for s, d, pid, lg in zip(seeds, domains, ids, logs, strict=True)]
-        stats = decode_batch(self, reqs, runs)
+        done = None if on_finish is None else lambda i, st: on_finish(i, self._result(reqs[i], st))
+        stats = decode_batch(self, reqs, runs, max_batch, done)
         return [self._result(r, st) for r, st in zip(reqs, stats, strict=True)]
 
     def _new_request(self, ids: list[int], max_new_tokens: int) -> _Request:
@@ -130,7 +138,7 @@ class TreeDecoder(StepCore):
         acc = self.verifier(VerifyInput(dr.tree, fwd.logits, run.sampling, run.draft_mode, dr.draft_probs,
                                         run.generator))
         t3 = time.perf_counter()
-        emitted, rows = self._settle(req, run, ctx, dr, fwd.logits, acc)
+        emitted, rows = self._settle(req, run, ctx, dr, fwd.logits, acc, 1e3 * (dr.model_s + fwd.model_s))
         if rows is not None:
             run.log.add_step(rows)  # type: ignore[union-attr]
         t4 = time.perf_counter()

@@ -202,6 +202,42 @@ class BatchCache:
         self.committed = [torch.arange(s.numel(), device=self.device) for s in sources]
         self.pending, self.pending_pos = [empty] * len(sources), [empty] * len(sources)
 
+    def add(self, count: int) -> None:
+        """``count`` new empty rows at the end (continuous batching): their physical slots so far are zeros that
+        no row sees; their first feed commits their prompt."""
+        if count <= 0:
+            return
+        for layer in self.cache.layers:
+            if layer.is_initialized:
+                pad = (count, *layer.keys.shape[1:])
+                layer.keys = torch.cat([layer.keys, layer.keys.new_zeros(pad)])
+                layer.values = torch.cat([layer.values, layer.values.new_zeros((count, *layer.values.shape[1:]))])
+        empty = torch.zeros(0, dtype=torch.long, device=self.device)
+        self.committed += [empty] * count
+        self.pending += [empty] * count
+        self.pending_pos += [empty] * count
+
+    def prefill(self, model: PreTrainedModel, row: int, tokens: torch.Tensor) -> bool:
+        """Commit ``tokens`` as the prefix of ``row`` (an empty row, just added) by a forward of that row alone,
+        copied into the batch: a joining request's prompt costs its own tokens, not the whole batch padded to
+        them. False (nothing done) before the batch's first forward: the row's first feed carries its prompt."""
+        n = tokens.numel()
+        layers = self.cache.layers
+        if n == 0 or not layers or not all(layer.is_initialized for layer in layers):
+            return False
+        solo = SoloCache(DynamicCache(), self.layout, self.dtype, committed=0)
+        chain = torch.ones(n, n, dtype=torch.bool, device=self.device).tril()
+        solo.forward(model, Feed(tokens, torch.arange(n, device=self.device), chain, commit=n, keep=1, causal=True))
+        for layer, src in zip(layers, solo.cache.layers, strict=True):
+            short = n - layer.keys.shape[2]
+            if short > 0:  # longer than the batch so far: every row gets slots no one sees
+                layer.keys, layer.values = (torch.cat([t, t.new_zeros((*t.shape[:2], short, t.shape[3]))], dim=2)
+                                            for t in (layer.keys, layer.values))
+            layer.keys[row, :, :n] = src.keys[0]
+            layer.values[row, :, :n] = src.values[0]
+        self.committed[row] = torch.arange(n, device=self.device)
+        return True
+
     def select(self, rows: list[int]) -> None:
         """Keep only ``rows`` of the batch (finished rows stop costing compute)."""
         idx = torch.tensor(rows, dtype=torch.long, device=self.device)

@@ -88,6 +88,7 @@ class Frontier(_CandidateViews):
     running_accept_rate: float = float("nan")
     prev_accepted: int = -1
     token_type_table: np.ndarray | None = field(default=None, repr=False)  # [V] index into TOKEN_TYPES
+    batch: int = 1  # rows decoded together in this step: a batch-aware policy sizes its tree for their goodput
 
     @classmethod
     def of(cls, *, tokens: torch.Tensor | np.ndarray, parent: torch.Tensor | np.ndarray,
@@ -234,6 +235,7 @@ class StepOutcome:
     accepted: int  # draft tokens accepted
     tried: int  # verified nodes whose parent was accepted
     path: tuple[int, ...] = ()  # tree indices of the accepted nodes, root (0) excluded, in order
+    forward_ms: float = float("nan")  # the step's model forwards, draft and target, as measured (a batch: shared)
 
 
 @runtime_checkable

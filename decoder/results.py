@@ -42,6 +42,7 @@ class StepStats:
     other_s: float  # everything else: policy, masks, verification, cache compaction, logging
     policy_s: float = 0.0  # the part of other_s spent in the tree policy (predictor included)
     stages: StageTimes | None = None  # the step split by stage (solo decoding)
+    rows: int = 1  # rows decoded together in this step (batched decoding)
 
 
 @dataclass

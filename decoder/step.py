@@ -115,7 +115,7 @@ class StepCore:
         return GenerationResult(text, list(req.generated), req.seq[: req.prompt_len].tolist(), req.finish, stats)
 
     def _settle(self, req: _Request, run: _Run, ctx: DraftContext, dr: DraftResult, logits: torch.Tensor,
-                acc: Acceptance) -> tuple[list[int], dict[str, np.ndarray] | None]:
+                acc: Acceptance, forward_ms: float = float("nan")) -> tuple[list[int], dict[str, np.ndarray] | None]:
         """After verification: emit tokens, stream them, tell the policy; the step's node-log rows if logging."""
         emitted = self._emit(req, dr.tree, acc)
         rows = None
@@ -127,17 +127,18 @@ class StepCore:
             run.stream(emitted)
         on_path = set(acc.path)
         tried = sum(1 for parent in dr.tree.parents.tolist()[1:] if parent in on_path)  # no torch slice op
-        run.policy.observe(StepOutcome(ctx.step, dr.tree.size - 1, acc.accepted, tried, tuple(acc.path[1:])))
+        run.policy.observe(StepOutcome(ctx.step, dr.tree.size - 1, acc.accepted, tried, tuple(acc.path[1:]),
+                                       forward_ms))
         req.tried, req.accepted, req.prev_accepted = req.tried + tried, req.accepted + acc.accepted, acc.accepted
         return emitted, rows
 
-    def _context(self, req: _Request, step: int, run: _Run) -> DraftContext:
+    def _context(self, req: _Request, step: int, run: _Run, batch: int = 1) -> DraftContext:
         room = self.context - req.seq.numel() - 1  # positions left after the bonus token
         max_depth = max(0, min(req.max_new_tokens - len(req.generated) - 1, room))
         # Draft entropies cost a pass over the vocabulary: only for node logs and policies that read them.
         entropy = run.log is not None or getattr(run.policy, "reads_draft_entropy", True)
         return DraftContext(step, len(req.generated), req.prompt_len, run.domain, max_depth,
-                            req.running_accept_rate, req.prev_accepted, self._token_types, entropy)
+                            req.running_accept_rate, req.prev_accepted, self._token_types, entropy, batch)
 
     def _target_forward(self, req: _Request, tree: DraftTree) -> TargetForward:
         """One stock forward over the uncached committed tokens plus the tree; logits [n, V] at tree nodes."""
@@ -217,7 +218,7 @@ class StepCore:
             raise TreewiseError(f"prompt token ids must lie in [0, {self.vocab}); got {min(ids)}..{max(ids)}")
         return ids
 
-    def _encode_batch(self, prompts: list[str] | list[list[int]], max_new_tokens: int) -> list[list[int]]:
+    def _encode_batch(self, prompts: list[str] | list[list[int]], max_new_tokens: int | list[int]) -> list[list[int]]:
         if not prompts:
             raise TreewiseError("a batch needs at least one prompt; got an empty list")
         if len({isinstance(p, str) for p in prompts}) > 1:
@@ -225,7 +226,8 @@ class StepCore:
         encoded = []
         for i, prompt in enumerate(prompts):
             try:
-                encoded.append(self._encode(prompt, max_new_tokens))
+                limit = max_new_tokens[i] if isinstance(max_new_tokens, list) else max_new_tokens
+                encoded.append(self._encode(prompt, limit))
             except TreewiseError as err:
                 raise TreewiseError(f"prompt {i}: {err}") from None
         return encoded

@@ -21,6 +21,7 @@ from treewise.studies.shared.paths import PAIR_HELP
 from .sweep_cli import sweep
 
 if TYPE_CHECKING:
+    from treewise.controller import LatencyProfile
     from treewise.decoder import DecodeConfig
 
 _B = BenchConfig()
@@ -68,6 +69,8 @@ def bench(
     target: Annotated[str | None, typer.Option(help="target id or folder (default: the pair's)")] = None,
     draft: Annotated[str | None, typer.Option(help="draft id or folder (default: the pair's)")] = None,
     json_out: Annotated[Path | None, typer.Option("--json", help="write the result as JSON")] = None,
+    contend: Annotated[int, typer.Option(
+        help="run N CPU-bound processes of the bench's own for the whole run (a busy machine)")] = 0,
 ) -> None:
     """Tokens/s and speedup of tree policies vs plain decoding vs HF assisted generation, side by side."""
     from treewise.decoder import TreewiseError
@@ -77,43 +80,48 @@ def bench(
     from .rows import run_bench
 
     console = Console()
-    if batch_size:
-        _bench_batched(suite, split, domain, per_domain, max_new_tokens, repeats, tree, batch_size,
-                       (pair, target, draft), json_out, console)
-        return
-    trees = dict(_B.trees)
-    for item in tree or []:
-        name, eq, spec = item.partition("=")
-        if not eq:
-            raise typer.BadParameter(f"--tree {item!r}: use NAME=SPEC")
-        trees[name] = [spec]
-    if only:
-        unknown = sorted(set(only) - set(trees))
-        if unknown:
-            raise typer.BadParameter(f"--only {unknown}: rows are {sorted(trees)}")
-        trees = {name: specs for name, specs in trees.items() if name in only}
-    compared = [_compared(item) for item in compare] if compare else _B.compare
-    try:
-        cfg = BenchConfig(suite=suite, split=split, domains=domain or None, per_domain=per_domain,
-                          max_new_tokens=max_new_tokens, repeats=repeats, trees=trees, hf_assisted=not no_hf,
-                          pair=pair, target=target, draft=draft, compare=compared)
-        prompts = select_prompts(cfg)
-        open_pair(console, pair, target, draft)  # fetches the real target on first use, says what it borrows
-        dec = load_bench_decoder(cfg)
-        with Progress(console=console, transient=True) as progress:
-            task = progress.add_task("benchmark", total=len(prompts) * cfg.repeats)
-            result = run_bench(cfg, dec, on_progress=lambda: progress.advance(task))
-    except TreewiseError as err:
-        console.print(f"[red]error:[/red] {err}")
-        raise typer.Exit(2) from None
-    print_bench(result, console)
-    if json_out is not None:
-        write_text(json_out, json.dumps(result.model_dump(mode="json"), indent=2), console)
+    from .contend import contention
+
+    with contention(contend):
+        if batch_size:
+            _bench_batched(suite, split, domain, per_domain, max_new_tokens, repeats, tree, batch_size,
+                           (pair, target, draft), json_out, console, contend)
+            return
+        trees = dict(_B.trees)
+        for item in tree or []:
+            name, eq, spec = item.partition("=")
+            if not eq:
+                raise typer.BadParameter(f"--tree {item!r}: use NAME=SPEC")
+            trees[name] = [spec]
+        if only:
+            unknown = sorted(set(only) - set(trees))
+            if unknown:
+                raise typer.BadParameter(f"--only {unknown}: rows are {sorted(trees)}")
+            trees = {name: specs for name, specs in trees.items() if name in only}
+        compared = [_compared(item) for item in compare] if compare else _B.compare
+        try:
+            cfg = BenchConfig(suite=suite, split=split, domains=domain or None, per_domain=per_domain,
+                              max_new_tokens=max_new_tokens, repeats=repeats, trees=trees, hf_assisted=not no_hf,
+                              pair=pair, target=target, draft=draft, compare=compared)
+            prompts = select_prompts(cfg)
+            open_pair(console, pair, target, draft)  # fetches the real target on first use, says what it borrows
+            dec = load_bench_decoder(cfg)
+            with Progress(console=console, transient=True) as progress:
+                task = progress.add_task("benchmark", total=len(prompts) * cfg.repeats)
+                result = run_bench(cfg, dec, on_progress=lambda: progress.advance(task))
+        except TreewiseError as err:
+            console.print(f"[red]error:[/red] {err}")
+            raise typer.Exit(2) from None
+        result.environment["contend"] = str(contend)
+        print_bench(result, console)
+        if json_out is not None:
+            write_text(json_out, json.dumps(result.model_dump(mode="json"), indent=2), console)
 
 
 def _bench_batched(suite: Path, split: str, domain: list[str] | None, per_domain: int, max_new_tokens: int,
                    repeats: int, tree: list[str] | None, sizes: list[int],
-                   models: tuple[str | None, str | None, str | None], json_out: Path | None, console: Console) -> None:
+                   models: tuple[str | None, str | None, str | None], json_out: Path | None, console: Console,
+                   contend: int = 0) -> None:
     pair, target, draft = models
     from treewise.decoder import TreewiseError
     from treewise.studies.shared.measure import load_bench_decoder, select_prompts
@@ -142,11 +150,10 @@ def _bench_batched(suite: Path, split: str, domain: list[str] | None, per_domain
     except TreewiseError as err:
         console.print(f"[red]error:[/red] {err}")
         raise typer.Exit(2) from None
+    result.environment["contend"] = str(contend)
     print_batch_bench(result, console)
     if json_out is not None:
-        json_out.parent.mkdir(parents=True, exist_ok=True)
-        json_out.write_text(json.dumps(result.model_dump(mode="json"), indent=2))
-        console.print(f"wrote {json_out}")
+        write_text(json_out, json.dumps(result.model_dump(mode="json"), indent=2), console)
 
 
 def decode(
@@ -208,9 +215,17 @@ def latency(
     linears_ab: Annotated[bool, typer.Option(
         "--linears-ab", help="instead: time the target with torch's nn.Linear and with the decoder's SkinnyLinear "
                              "(decoder/kernels.py) in turns, and print both; writes nothing")] = False,
+    decode: Annotated[int, typer.Option(
+        help="with --linears-ab: also decode N test prompts per domain (tree spec learned, 64 tokens) with each "
+             "kind, alternating")] = 0,
+    batch: Annotated[bool, typer.Option(
+        help="also measure the batch grid (rows x tokens per row, the batched cost model)")] = True,
+    batch_only: Annotated[bool, typer.Option(
+        "--batch-only", help="keep the solo curves of the profile at --out; measure only its batch grid")] = False,
 ) -> None:
-    """Measure the pair's forward latency by tree size (LearnedTree's cost model) and write it as JSON."""
-    from treewise.controller import measure_latency
+    """Measure the pair's forward latency by tree size and batch (LearnedTree's cost model); write it as JSON."""
+    from treewise.controller import LatencyProfile, measure_latency
+    from treewise.controller.latency import measure_batch_grid
     from treewise.decoder import TreewiseError
     from treewise.decoder.pairs import LATENCY, pair_spec
     from treewise.studies.shared.pairs import load_pair_decoder
@@ -226,8 +241,25 @@ def latency(
         from .linears import linears_table, measure_linears
 
         console.print(linears_table(measure_linears(dec.target, context)))
+        if decode > 0:
+            from treewise.studies.shared.measure import select_prompts
+
+            from .linears import measure_linears_decode
+
+            prompts = select_prompts(BenchConfig(split="test", per_domain=decode, pair=pair))
+            ab = measure_linears_decode(dec, [p.prompt for p in prompts], "learned", 64, pair)
+            console.print(f"decodes ({ab.prompts} prompts, {ab.max_new_tokens} tokens, {ab.tree}): nn.Linear "
+                          f"{ab.stock_tokens_per_s:.1f} tok/s, SkinnyLinear {ab.skinny_tokens_per_s:.1f} tok/s; "
+                          f"per prompt nn.Linear time / SkinnyLinear time: median {ab.ratio_median:.3f} "
+                          f"(range {ab.ratio_range[0]:.2f}-{ab.ratio_range[1]:.2f}); {ab.mismatches} outputs differ")
         return
-    profile = measure_latency(dec.target, dec.draft, context=context)
+    try:
+        profile = LatencyProfile.read(out) if batch_only else measure_latency(dec.target, dec.draft, context=context)
+    except TreewiseError as err:
+        console.print(f"[red]error:[/red] {err}")
+        raise typer.Exit(2) from None
+    if batch or batch_only:
+        profile = measure_batch_grid(dec, profile)
     write_text(out, json.dumps(profile.model_dump(), indent=1))
     table = Table(title=f"forward latency, ms (context {context}, {profile.threads} threads, {profile.device})")
     for col in ("tokens", "target", "draft", "target / 1-token target", "draft / 1-token target"):
@@ -237,7 +269,19 @@ def latency(
         table.add_row(str(n), f"{t:.2f}", f"{d:.2f}", f"{t / one:.2f}", f"{d / one:.3f}")
     console.print(table)
     console.print("target: verifying a tree of that many nodes; draft: one drafting level of that many nodes")
+    if profile.batch_rows:
+        console.print(_grid_table(profile))
     console.print(f"wrote {out}")
+
+
+def _grid_table(profile: LatencyProfile) -> Table:
+    table = Table(title="batched forward, ms (target / draft): rows x tokens fed by each row")
+    table.add_column("rows", justify="right")
+    for n in profile.batch_sizes:
+        table.add_column(f"{n} tok", justify="right")
+    for b, ts, ds in zip(profile.batch_rows, profile.batch_target_ms, profile.batch_draft_ms, strict=True):
+        table.add_row(str(b), *(f"{t:.1f} / {d:.1f}" for t, d in zip(ts, ds, strict=True)))
+    return table
 
 
 def register(app: typer.Typer) -> None:

@@ -1,5 +1,6 @@
 """``treewise latency --linears-ab``: the target's forward with torch's ``nn.Linear`` against the decoder's
-``SkinnyLinear`` (decoder/kernels.py), timed in turns so that a slow spell of the machine hits both alike."""
+``SkinnyLinear`` (decoder/kernels.py), timed in turns so that a slow spell of the machine hits both alike;
+with ``--decode N``, also whole decodes of N test prompts per domain, the two kinds alternating by prompt."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from torch import nn
 from transformers import PreTrainedModel
 
 from treewise.controller.latency import SIZES, time_forwards
+from treewise.decoder import TreeDecoder
 from treewise.decoder.kernels import SkinnyLinear, swap_linears
 
 
@@ -48,3 +50,45 @@ def linears_table(ab: LinearsAB) -> Table:
         table.add_row(str(n), f"{a:.1f}", f"{b:.1f}", f"{b / a:.2f}", f"{a / ab.stock_ms[0]:.2f}",
                       f"{b / ab.skinny_ms[0]:.2f}")
     return table
+
+
+@dataclass(frozen=True)
+class LinearsDecodeAB:
+    prompts: int
+    max_new_tokens: int
+    tree: str
+    stock_tokens_per_s: float  # all prompts' tokens over their time, nn.Linear
+    skinny_tokens_per_s: float
+    ratio_median: float  # median over prompts of stock time / skinny time (> 1: SkinnyLinear faster)
+    ratio_range: tuple[float, float]
+    mismatches: int  # prompts whose two outputs differ
+
+
+def measure_linears_decode(dec: TreeDecoder, prompts: list[str], tree: str, max_new_tokens: int,
+                           pair: str | None = None) -> LinearsDecodeAB:
+    """Decode every prompt with both kinds of linear layer in both models, the order alternating by prompt,
+    with tree spec ``tree``; the models end as loaded (SkinnyLinear)."""
+    from treewise.studies.shared.treespec import build_tree
+
+    kinds = (nn.Linear, SkinnyLinear)
+    time_s = {k: [] for k in kinds}
+    tokens = {k: 0 for k in kinds}
+    mismatches = 0
+    try:
+        for i, prompt in enumerate(prompts):
+            ids = {}
+            for kind in kinds if i % 2 == 0 else kinds[::-1]:
+                for model in (dec.target, dec.draft):
+                    swap_linears(model, kind)
+                out = dec.generate(prompt, max_new_tokens=max_new_tokens, tree=build_tree(tree, pair))
+                time_s[kind].append(out.stats.total_s)
+                tokens[kind] += len(out.token_ids)
+                ids[kind] = out.token_ids
+            mismatches += ids[nn.Linear] != ids[SkinnyLinear]
+    finally:
+        for model in (dec.target, dec.draft):
+            swap_linears(model, SkinnyLinear)
+    ratios = [a / b for a, b in zip(time_s[nn.Linear], time_s[SkinnyLinear], strict=True)]
+    return LinearsDecodeAB(len(prompts), max_new_tokens, tree, tokens[nn.Linear] / sum(time_s[nn.Linear]),
+                           tokens[SkinnyLinear] / sum(time_s[SkinnyLinear]), statistics.median(ratios),
+                           (min(ratios), max(ratios)), mismatches)

@@ -170,29 +170,39 @@ def _prompt_seed(config: CollectConfig, prompt_id: str) -> int | None:
     return (config.seed * 1_000_003 + int(hashlib.sha1(prompt_id.encode()).hexdigest()[:8], 16)) % 2**31
 
 
-def collect_prompt(plan: CollectPlan, decoder: TreeDecoder, prompt: Prompt) -> PromptRecord:
+def collect_prompt(plan: CollectPlan, decoder: TreeDecoder, prompt: Prompt,
+                   on_record: Callable[[PromptRecord], None] | None = None) -> PromptRecord:
     """Decode one prompt, write its node file, then its record (the commit)."""
-    return collect_batch(plan, decoder, [prompt])[0]
+    return collect_batch(plan, decoder, [prompt], on_record)[0]
 
 
-def collect_batch(plan: CollectPlan, decoder: TreeDecoder, prompts: list[Prompt]) -> list[PromptRecord]:
-    """Decode prompts together (``generate_batch``; one alone: ``generate``), then per prompt write its node
-    file and its record (the commit). Batched rows log the same node rows as solo decoding."""
+def collect_batch(plan: CollectPlan, decoder: TreeDecoder, prompts: list[Prompt],
+                  on_record: Callable[[PromptRecord], None] | None = None) -> list[PromptRecord]:
+    """Decode prompts together (``generate_batch`` with continuous batching: ``batch_size`` rows at once, a
+    waiting prompt joins when a row ends; one prompt: ``generate``) and commit each prompt as its row ends:
+    its node file, then its record, then ``on_record``. A kill loses only rows still decoding. Batched rows
+    log the same node rows as solo decoding."""
     cfg, layout = plan.config, plan.layout
     writers = [NodeLogWriter(layout.nodes_dir, flush_every=1, prefix=f"nodes-{Path(layout.record_path(p.id)).stem}")
                for p in prompts]
     kw = dict(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, run_id=layout.run_dir.name)
     tree = parse_tree_spec(cfg.tree).build(cfg.pair)
+    records: dict[int, PromptRecord] = {}
+
+    def commit(i: int, out: GenerationResult) -> None:
+        records[i] = _commit_prompt(plan, decoder, prompts[i], out, writers[i])
+        if on_record is not None:
+            on_record(records[i])
+
     if len(prompts) == 1:
         p = prompts[0]
-        outs = [decoder.generate(p.prompt, tree=tree, seed=_prompt_seed(cfg, p.id), domain=p.domain,
-                                 prompt_id=p.id, log=writers[0], **kw)]
+        commit(0, decoder.generate(p.prompt, tree=tree, seed=_prompt_seed(cfg, p.id), domain=p.domain,
+                                   prompt_id=p.id, log=writers[0], **kw))
     else:
-        outs = decoder.generate_batch([p.prompt for p in prompts], tree=tree,
-                                      seed=[_prompt_seed(cfg, p.id) for p in prompts],
-                                      domain=[p.domain for p in prompts], prompt_ids=[p.id for p in prompts],
-                                      log=list(writers), **kw)
-    return [_commit_prompt(plan, decoder, p, out, w) for p, out, w in zip(prompts, outs, writers, strict=True)]
+        decoder.generate_batch([p.prompt for p in prompts], tree=tree, seed=[_prompt_seed(cfg, p.id) for p in prompts],
+                               domain=[p.domain for p in prompts], prompt_ids=[p.id for p in prompts],
+                               log=list(writers), max_batch=cfg.batch_size, on_finish=commit, **kw)
+    return [records[i] for i in sorted(records)]
 
 
 def _commit_prompt(plan: CollectPlan, decoder: TreeDecoder, prompt: Prompt, out: GenerationResult,
@@ -304,23 +314,26 @@ def _run_pending(plan: CollectPlan, decoder: TreeDecoder,
     info = ShardInfo(started=_now(), planned=len(plan.prompts), done=len(plan.done), versions=versions())
     write_json_atomic(plan.layout.info_path, info.__dict__)
     failed: dict[str, str] = {}
-    collected = 0
-    pending, size = plan.pending, plan.config.batch_size
-    for first in range(0, len(pending), size):
-        batch = pending[first : first + size]
+    done: set[str] = set()
+
+    def record(rec: PromptRecord) -> None:
+        done.add(rec.prompt_id)
+        if on_prompt is not None:
+            on_prompt(rec)
+
+    pending = plan.pending
+    # One prompt at a time decodes solo; a batch size > 1 decodes the whole shard as one continuous batch.
+    groups = [[p] for p in pending] if plan.config.batch_size == 1 else [pending] if pending else []
+    for group in groups:
         try:
-            records = collect_batch(plan, decoder, batch)
-        except TreewiseError:  # a refused prompt (too long, ...) refuses its batch: retry them one by one
-            records = []
-            for prompt in batch:
+            collect_batch(plan, decoder, group, record)
+        except TreewiseError:  # a refused prompt (too long, ...) refuses its batch: the rest one by one
+            for prompt in (p for p in group if p.id not in done):
                 try:
-                    records.append(collect_prompt(plan, decoder, prompt))
+                    collect_prompt(plan, decoder, prompt, record)
                 except TreewiseError as err:  # one refused prompt should not stop the shard
                     failed[prompt.id] = str(err)
-        collected += len(records)
-        for record in records:
-            if on_prompt is not None:
-                on_prompt(record)
+    collected = len(done)
     records = read_records(plan.layout.records_dir)
     export_shard_logs(plan.layout, records)
     summary = summarize(plan, records, collected, failed, time.perf_counter() - start)

@@ -37,8 +37,11 @@ class BenchConfig(BaseModel):
     # Compared rows (A, B): A's tokens/s over B's prompt by prompt, with a bootstrap interval (rows that ran).
     compare: list[tuple[str, str]] = Field(default_factory=lambda: [("learned", "learned_no_online")])
     # Rows of the batched bench (--batch-size): row name -> tree spec, each against batched plain decoding.
-    batch_trees: dict[str, str] = Field(default_factory=lambda: {"static": "static:width=2,depth=3",
-                                                                 "learned": "learned"})
+    # ``learned`` sizes trees for the batch's goodput: the batch grid's cost model, corrected by measured step
+    # times; ``learned_fixed_cost`` prices trees by the solo profile alone, as if each row decoded alone.
+    batch_trees: dict[str, str] = Field(default_factory=lambda: {
+        "static": "static:width=2,depth=3", "learned_fixed_cost": "learned:batch_aware=false,measured=false",
+        "learned": "learned"})
     hf_assisted: bool = True
     # HF assisted generation settings, set on the draft's generation_config (5.x leaves them unset).
     hf_num_assistant_tokens: int = 20

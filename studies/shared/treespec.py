@@ -188,14 +188,17 @@ def _dynamic_chain(**params: Any) -> TreePolicy:
 
 def _learned(online: bool | None = None, guard: bool | None = None, budgets: str | None = None,
              native: bool | None = None, predictor: str | None = None, pair: str | None = None,
-             **params: Any) -> TreePolicy:
+             batch_aware: bool | None = None, measured: bool | None = None, **params: Any) -> TreePolicy:
     """The shipped LearnedTree; ``budgets`` reads another budgets file (e.g. a ``treewise tune --family learned``
     result), ``predictor`` another predictor folder (e.g. another pair's, to measure what training on this
     pair's logs buys); any budget field given overrides the budgets for every domain; ``online=false`` turns the
     per-request correction off, ``guard=true`` the measured fallback to plain on, ``native=false`` the compiled
-    level off (the Python path, for A/B runs)."""
+    level off (the Python path, for A/B runs), ``batch_aware=false`` the batch's cost model off (trees sized as
+    if each row decoded alone), ``measured=false`` the correction of the cost model by measured step times off."""
     policy = LearnedTree.default(online=online is not False, guard=guard is True, pair=pair)
     policy.native = native is not False
+    policy.batch_aware = batch_aware is not False
+    policy.measured = measured is not False
     if budgets is not None:
         policy.budgets = load_budgets(budgets)
     if predictor is not None:
@@ -229,6 +232,8 @@ register_tree_kind(TreeKind(
     | {"online": Param(bool, help="per-request online correction of the predictor (default true)"),
        "guard": Param(bool, help="plain steps where drafting measurably does not pay (default false)"),
        "native": Param(bool, help="each level as one compiled call where numba is installed (default true)"),
+       "batch_aware": Param(bool, help="in a batch, size trees by the batch's cost model (default true)"),
+       "measured": Param(bool, help="correct the cost model by the step times the request measures (default true)"),
        "budgets": Param(str, help="budgets file to read instead of the pair's budgets.json"),
        "predictor": Param(str, help="predictor folder to read instead of the pair's")},
     help="LearnedTree with the model pair's predictor, budgets and latency profile (decoder.pairs.pair_files)",

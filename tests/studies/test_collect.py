@@ -218,9 +218,24 @@ def test_tree_specs():
 
 def test_batched_collect_writes_the_same_node_rows(suite_dir: Path, tiny_pair_dir: Path, tmp_path: Path,
                                                    full_run: Path) -> None:
-    """--batch-size 5 logs exactly the node rows of --batch-size 1 (the module's full run) for the same prompts."""
-    summary = collect(config(suite_dir, tiny_pair_dir, tmp_path / "batched", batch_size=5))
-    assert summary.complete and summary.collected_now == 12
+    """--batch-size 8 (a continuous batch: rows join as others end) logs exactly the node rows of --batch-size 1
+    (the module's full run) for the same prompts, also when interrupted after three prompts and resumed: each
+    prompt is committed as its row ends, so the interruption loses only the rows still decoding."""
+    cfg = config(suite_dir, tiny_pair_dir, tmp_path / "batched", batch_size=8)
+    decoder = load_decoder(cfg)
+    seen: list[str] = []
+
+    def crash_after_three(record):
+        seen.append(record.prompt_id)
+        if len(seen) == 3:
+            raise Crash
+
+    with pytest.raises(Crash):
+        run_collect(plan_collect(cfg), decoder, crash_after_three)
+    plan = plan_collect(cfg)
+    assert len(plan.done) == 3
+    summary = run_collect(plan, decoder)
+    assert summary.complete and summary.collected_now == 9 and summary.skipped == 3
     keys = [("prompt_id", "ascending"), ("step", "ascending"), ("node_id", "ascending")]
     solo, batched = load_run(full_run).nodes.sort_by(keys), load_run(tmp_path / "batched").nodes.sort_by(keys)
     assert solo.num_rows == batched.num_rows > 0

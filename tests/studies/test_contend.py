@@ -1,0 +1,29 @@
+"""``treewise bench --contend N``: the busy processes run during the block and are gone after it."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from treewise.studies.bench.contend import contention
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as f:  # a zombie is not running
+        return f.read().split(") ")[1][0] != "Z"
+
+
+def test_contention_runs_busy_processes_only_inside_the_block() -> None:
+    with contention(2) as pids:
+        assert len(pids) == 2 and all(_alive(p) for p in pids)
+    assert not any(_alive(p) for p in pids)
+    with pytest.raises(RuntimeError), contention(1) as pids:
+        raise RuntimeError("the bench failed")
+    assert not any(_alive(p) for p in pids)
+    with contention(0) as none:
+        assert none == []
