@@ -315,6 +315,32 @@ class LearnedTree:
                                raw_step_scalars(frontier, r.context))
         return r.roots[1 if draft else 0]
 
+    # -- batch sizing (decoder.BatchSizing) --------------------------------------------------------
+
+    def node_values(self) -> np.ndarray:
+        r = self._request
+        if r is None or not r.drafted:
+            return np.zeros(0)
+        return np.where(r.state.keep[:r.count], r.state.value[:r.count], 0.0)
+
+    def batch_cap(self, values: list[np.ndarray]) -> int:
+        """The nodes per row that maximise the batch's expected accepted tokens per millisecond of its step,
+        every row's tree padded to the cap: sum over rows of (1 + its best n values) over the step's draft time
+        and the batched verify of n + 1 tokens a row (this request's costs, at this batch size)."""
+        r = self._request
+        best = [np.sort(v[v > 0])[::-1] for v in values]
+        largest = max(len(b) for b in best)
+        target = r.costs.target if r is not None else []
+        if not target or largest == 0 or not self.batch_aware:
+            return largest
+        draft_ms = r.state.scalars[DRAFT_MS] if r.drafted else r.costs.root_draft_ms
+        gains = np.zeros(largest + 1)
+        for b in best:  # the batch's expected tokens with every tree cut to n nodes, n = 0..largest
+            cum = np.concatenate([[0.0], np.cumsum(b)])
+            gains += 1.0 + cum[np.minimum(np.arange(largest + 1), len(b))]
+        ms = draft_ms + np.asarray([target[min(n + 1, len(target) - 1)] for n in range(largest + 1)])
+        return int(np.argmax(gains / ms))
+
     def _rebatch(self, batch: int) -> None:
         """The step's batch size changed (rows joined or finished): the level reads the costs at the new one."""
         r = self._request

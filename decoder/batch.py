@@ -21,7 +21,7 @@ import torch
 
 from .draft import Drafter, DraftFeeds, DraftResult
 from .kvcache import BatchCache, Feed
-from .policy import RequestInfo, TreePolicy
+from .policy import BatchSizing, RequestInfo, TreePolicy
 from .results import GenerationStats, StepStats
 from .step import StepCore, _Request, _Run, draft_keep, target_keep
 from .verify import VerifyInput
@@ -103,7 +103,8 @@ def _step(dec: StepCore, active: list[_Row], target: BatchCache, draft: BatchCac
     t0 = time.perf_counter()
     timing = _Timing()
     ctxs = [dec._context(row.req, len(row.stats.steps), row.run, len(active)) for row in active]
-    drafts = _draft_all(dec, active, ctxs, draft, timing)
+    drafters, drafts = _draft_all(dec, active, ctxs, draft, timing)
+    drafts = _common_cap(active, drafters, drafts)
     feeds: list[Feed | None] = [dec._tree_feed(row.req, dr.tree, target.committed_len(i))
                                 for i, (row, dr) in enumerate(zip(active, drafts, strict=True))]
     t1 = time.perf_counter()
@@ -132,13 +133,11 @@ def _step(dec: StepCore, active: list[_Row], target: BatchCache, draft: BatchCac
 
 
 def _draft_all(dec: StepCore, active: list[_Row], ctxs: list, cache: BatchCache,
-               timing: _Timing) -> list[DraftResult]:
+               timing: _Timing) -> tuple[list[Drafter], list[DraftResult]]:
     """Drive every row's drafter in lockstep: one batched draft forward per round of feeds."""
-    gens: list[DraftFeeds] = [
-        Drafter(row.req.seq, cache.committed_len(i), row.run.policy, ctx, row.run.sampling, row.run.draft_mode,
-                dec.vocab, row.run.generator).feeds()
-        for i, (row, ctx) in enumerate(zip(active, ctxs, strict=True))
-    ]
+    drafters = [Drafter(row.req.seq, cache.committed_len(i), row.run.policy, ctx, row.run.sampling, row.run.draft_mode,
+                        dec.vocab, row.run.generator) for i, (row, ctx) in enumerate(zip(active, ctxs, strict=True))]
+    gens: list[DraftFeeds] = [d.feeds() for d in drafters]
     results: list[DraftResult | None] = [None] * len(gens)
     feeds: list[Feed | None] = [_advance(g, None, results, i) for i, g in enumerate(gens)]
     while any(f is not None for f in feeds):
@@ -147,7 +146,29 @@ def _draft_all(dec: StepCore, active: list[_Row], ctxs: list, cache: BatchCache,
         timing.draft_s += time.perf_counter() - t0
         feeds = [_advance(g, lg, results, i) if lg is not None else None
                  for i, (g, lg) in enumerate(zip(gens, logits, strict=True))]
-    return [r for r in results if r is not None]
+    return drafters, [r for r in results if r is not None]
+
+
+def _common_cap(active: list[_Row], drafters: list[Drafter], drafts: list[DraftResult]) -> list[DraftResult]:
+    """Where every row's policy sizes batches (``BatchSizing``), cut each row's tree to its best ``batch_cap``
+    nodes: the target forward pads every tree to the largest, so the batch pays the largest tree in every row."""
+    policies = [row.run.policy for row in active]
+    if len(active) < 2 or not all(isinstance(p, BatchSizing) for p in policies):
+        return drafts
+    values = [p.node_values() for p in policies]  # type: ignore[union-attr]
+    cap = policies[0].batch_cap(values)  # type: ignore[union-attr]
+    out = []
+    for drafter, dr, value in zip(drafters, drafts, values, strict=True):
+        if dr.tree.size - 1 <= cap:
+            out.append(dr)
+            continue
+        kept = np.flatnonzero(dr.candidates.columns["tree_index"] >= 0)
+        # Best first, parents before children on ties (a child's value never exceeds its parent's).
+        order = kept[np.lexsort((dr.candidates.columns["depth"][kept], -value[kept]))][:cap]
+        select = np.zeros(value.shape[0], dtype=bool)
+        select[order] = True
+        out.append(drafter.cut(select))
+    return out
 
 
 def _advance(gen: DraftFeeds, logits: torch.Tensor | None, results: list[DraftResult | None], i: int) -> Feed | None:

@@ -293,6 +293,7 @@ class Drafter:
                                self.policy_s, self.forwards)
         cols = _stack(self.levels)
         keep, fed = cols.pop("keep"), cols.pop("fed_slot")
+        self._final = cols, keep, fed
         root = int(self.seq[-1])
         arrays = self.tree(keep, cols["parent"], cols["tokens"], fed, root)
         cands = Candidates({**cols, "tree_index": arrays[0]})
@@ -300,8 +301,17 @@ class Drafter:
         final = self.policy.finalize(cands)
         self.policy_s += time.perf_counter() - t0
         if final is not None:  # plan() only expands kept nodes: only a final selection can orphan one
-            arrays = self.tree(keep & final.bool().numpy(), cols["parent"], cols["tokens"], fed, root)
-            cands = cands.with_tree_index(arrays[0])
+            return self.cut(final.bool().numpy())
+        return self._indexed(cands, arrays)
+
+    def cut(self, select: np.ndarray) -> DraftResult:
+        """The step's tree again with only the kept candidates ``select`` marks ([m] bool; any node whose parent
+        is dropped goes too): a final selection, or a batch's common cap (``decoder.batch``)."""
+        cols, keep, fed = self._final
+        arrays = self.tree(keep & select, cols["parent"], cols["tokens"], fed, int(self.seq[-1]))
+        return self._indexed(Candidates({**cols, "tree_index": arrays[0]}), arrays)
+
+    def _indexed(self, cands: Candidates, arrays: tuple) -> DraftResult:
         tree_index, parents, tokens, depth, anc, fed_slot = arrays
         tree = DraftTree(tokens=torch.from_numpy(tokens), parents=torch.from_numpy(parents),
                          depth=torch.from_numpy(depth), ancestor_mask=torch.from_numpy(anc))

@@ -259,6 +259,20 @@ class TreePolicy(Protocol):
         """Called after each verified step."""
 
 
+@runtime_checkable
+class BatchSizing(Protocol):
+    """A policy that sizes a batch's trees together. A batched target forward pads every row's tree to the
+    largest, so a node past the others' sizes costs a token in every row: after drafting, the batch keeps at
+    most ``batch_cap`` nodes per row, each row its best by ``node_values`` (``decoder.batch``)."""
+
+    def node_values(self) -> np.ndarray:
+        """This step's candidates' values in candidate order, non-increasing from parent to child (0 where the
+        policy pruned); empty when the step did not draft."""
+
+    def batch_cap(self, values: list[np.ndarray]) -> int:
+        """Nodes per row for the batch whose rows' ``node_values`` are ``values``."""
+
+
 MAX_STATIC_NODES = 1024
 
 

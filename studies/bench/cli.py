@@ -71,6 +71,8 @@ def bench(
     json_out: Annotated[Path | None, typer.Option("--json", help="write the result as JSON")] = None,
     contend: Annotated[int, typer.Option(
         help="run N CPU-bound processes of the bench's own for the whole run (a busy machine)")] = 0,
+    plot: Annotated[Path | None, typer.Option(
+        help="with --batch-size: write speedup against batch size per row as a PNG")] = None,
 ) -> None:
     """Tokens/s and speedup of tree policies vs plain decoding vs HF assisted generation, side by side."""
     from treewise.decoder import TreewiseError
@@ -85,7 +87,7 @@ def bench(
     with contention(contend):
         if batch_size:
             _bench_batched(suite, split, domain, per_domain, max_new_tokens, repeats, tree, batch_size,
-                           (pair, target, draft), json_out, console, contend)
+                           (pair, target, draft), json_out, console, contend, plot)
             return
         trees = dict(_B.trees)
         for item in tree or []:
@@ -121,13 +123,13 @@ def bench(
 def _bench_batched(suite: Path, split: str, domain: list[str] | None, per_domain: int, max_new_tokens: int,
                    repeats: int, tree: list[str] | None, sizes: list[int],
                    models: tuple[str | None, str | None, str | None], json_out: Path | None, console: Console,
-                   contend: int = 0) -> None:
+                   contend: int = 0, plot: Path | None = None) -> None:
     pair, target, draft = models
     from treewise.decoder import TreewiseError
     from treewise.studies.shared.measure import load_bench_decoder, select_prompts
 
     from .batched import run_batch_bench
-    from .report import print_batch_bench
+    from .report import plot_batch_bench, print_batch_bench
 
     specs = dict(_B.batch_trees)
     for item in tree or []:
@@ -154,6 +156,8 @@ def _bench_batched(suite: Path, split: str, domain: list[str] | None, per_domain
     print_batch_bench(result, console)
     if json_out is not None:
         write_text(json_out, json.dumps(result.model_dump(mode="json"), indent=2), console)
+    if plot is not None:
+        console.print(f"wrote {plot_batch_bench(result, plot)}")
 
 
 def decode(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rich.console import Console
@@ -119,3 +120,35 @@ def print_batch_bench(result: BatchBenchResult, console: Console) -> None:
                   _f(r.other_share, "{:.0%}"), mism)
     console.print(t)
     console.print("[dim]draft / target / other: shares of the tree rows' step time (model forwards vs the rest)[/dim]")
+
+
+def plot_batch_bench(result: BatchBenchResult, path: Path, title: str = "") -> Path:
+    """Speedup against batched plain decoding by batch size, one line per row, as a PNG (atomic write)."""
+    import io
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from treewise.decoder.atomic import write_bytes_atomic
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    names = list(dict.fromkeys(r.row for r in result.rows))
+    for name in names:
+        rows = sorted((r for r in result.rows if r.row == name), key=lambda r: r.batch_size)
+        ax.plot([r.batch_size for r in rows], [r.speedup for r in rows], marker="o", label=name,
+                linestyle="--" if name == "plain" else "-")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(result.batch_sizes, [str(b) for b in result.batch_sizes])
+    ax.set_xlabel("batch size")
+    ax.set_ylabel("tokens/s over batched plain decoding")
+    ax.set_title(title or f"{result.prompts} prompts, {result.max_new_tokens} new tokens, {result.repeats} repeats")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    buf = io.BytesIO()
+    fig.tight_layout()
+    fig.savefig(buf, format="png", dpi=110)
+    plt.close(fig)
+    write_bytes_atomic(path, buf.getvalue())
+    return path

@@ -100,3 +100,39 @@ def test_batch_unaware_learned_tree_keeps_solo_sizes(dec) -> None:
     outs = dec.generate_batch(["def f(x):", "hello world", "12 + 7 =", "a b c"], max_new_tokens=12,
                               tree=_policy(batch_aware=False))
     assert all(s.draft_forwards > 0 for o in outs for s in o.stats.steps[:-1])
+
+
+def test_batch_cap_maximises_the_batch_goodput() -> None:
+    """Rows' trees padded to the cap: the cap trades the rows' best values against the batched verify."""
+    policy = _policy()
+    policy.start(__import__("treewise.decoder", fromlist=["RequestInfo"]).RequestInfo("code", 4, 8, 0.0, "x"))
+    policy._rebatch(4)
+    policy._request.drafted = True
+    policy._request.state.scalars[:] = 0.0  # no draft time: the verify cost alone decides
+    costs = policy._request.costs.target  # 4 rows: 2.0 ms at 1 token a row, 6.0 at 2, 7.5 at 3, 9.0 at 4
+    assert costs[1:5] == pytest.approx([2.0, 6.0, 7.5, 9.0])
+    strong = [np.array([0.9, 0.8, 0.0, 0.7])] * 4  # 0: pruned
+    # n=0: 4/2 = 2.0; n=1: 4*1.9/6 = 1.27; n=2: 4*2.7/7.5 = 1.44; n=3: 4*3.4/9 = 1.51 -> no tree at all
+    assert policy.batch_cap(strong) == 0
+    cheap = LearnedTree(Fixed(), BudgetsFile(default=DomainBudget(node_budget=6, max_depth=3, max_width=2)),
+                        _grid([1, 4], [[1.0, 1.05, 1.2], [2.0, 2.1, 2.4]]), online=None)
+    cheap.start(__import__("treewise.decoder", fromlist=["RequestInfo"]).RequestInfo("code", 4, 8, 0.0, "x"))
+    cheap._rebatch(4)
+    cheap._request.drafted = True
+    cheap._request.state.scalars[:] = 0.0
+    assert cheap.batch_cap(strong) == 3  # 4*3.4/2.4 beats every smaller cap
+    assert cheap.batch_cap([np.array([0.9]), np.zeros(0)]) == 1
+    cheap.batch_aware = False
+    assert cheap.batch_cap(strong) == 3 and cheap.batch_cap([np.array([0.9, 0.1])] * 2) == 2
+
+
+def test_a_common_cap_cuts_rows_to_their_best_nodes_and_stays_exact(dec) -> None:
+    prompts = ["def f(x):", "hello world", "12 + 7 =", "a b c"]
+    wide = LearnedTree(Fixed(), BudgetsFile(default=DomainBudget(node_budget=6, max_depth=3, max_width=2)),
+                       _grid([1, 4], [[1.0, 1.0, 1.0], [2.0, 2.4, 4.0]], [[0.01] * 3, [0.01] * 3], sizes=(1, 3, 5)),
+                       probe_every=1000, online=None, measured=False)
+    outs = dec.generate_batch(prompts, max_new_tokens=12, tree=wide)
+    assert [o.token_ids for o in outs] == [dec.generate_plain(p, max_new_tokens=12).token_ids for p in prompts]
+    crowded = [s for o in outs for s in o.stats.steps if s.rows == 4]
+    assert crowded and max(s.verified for s in crowded) < max(s.drafted for s in crowded)
+    assert len({s.verified for s in crowded if s.draft_forwards}) == 1  # one common size

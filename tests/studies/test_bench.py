@@ -70,7 +70,7 @@ def test_latency_cli_writes_a_profile(tiny_pair_dir, tmp_path) -> None:
     assert profile.target_time(100) >= profile.target_time(64) > 0  # never cheaper past the measured sizes
 
 
-def test_batched_bench_json_contract(tokenizer) -> None:
+def test_batched_bench_json_contract(tokenizer, tmp_path) -> None:
     """Every (batch size, row) pair is measured against batched plain decoding; rows match solo greedy."""
     from conftest import make_model
 
@@ -93,6 +93,10 @@ def test_batched_bench_json_contract(tokenizer) -> None:
         else:
             assert r.tau is not None and r.tau >= 1
             assert abs(r.draft_share + r.verify_share + r.other_share - 1) < 1e-6
+    from treewise.studies.bench.report import plot_batch_bench
+
+    png = plot_batch_bench(again, tmp_path / "batched.png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
 
 
 def test_compare_took_the_old_pair_option_and_pair_names_a_model_pair(tiny_pair_dir, tmp_path) -> None:
