@@ -59,9 +59,12 @@ Batcher = Callable[[list[Prompt]], list[GenerationResult]]
 
 def run_batch_bench(dec: TreeDecoder, prompts: list[Prompt], sizes: list[int], specs: dict[str, str],
                     max_new_tokens: int, repeats: int, on_progress: Callable[[], None] | None = None,
-                    pair: str | None = None) -> BatchBenchResult:
+                    pair: str | None = None, continuous: dict[str, str] | None = None) -> BatchBenchResult:
     """Measure every row at every batch size; ``specs`` maps row name -> tree spec (learned and budgeted rows
-    read model ``pair``'s data files)."""
+    read model ``pair``'s data files). ``continuous`` rows (name -> spec) decode all prompts as one continuous
+    batch of at most that many rows (``generate_batch(max_batch=size)``): a finished row's place goes to the
+    next prompt instead of idling until its batch ends; once per repeat and batch size, before the first batch
+    in even repeats and after the last in odd ones."""
     t_start = time.perf_counter()
     solo = {p.id: dec.generate_plain(p.prompt, max_new_tokens).token_ids for p in prompts}
     batchers: dict[str, Batcher] = {PLAIN: lambda ps: dec.generate_plain_batch([p.prompt for p in ps], max_new_tokens)}
@@ -69,11 +72,24 @@ def run_batch_bench(dec: TreeDecoder, prompts: list[Prompt], sizes: list[int], s
         batchers[name] = (lambda pol: lambda ps: dec.generate_batch(
             [p.prompt for p in ps], max_new_tokens, tree=pol, domain=[p.domain for p in ps],
             prompt_ids=[p.id for p in ps]))(build_tree(spec, pair))
+    flowing = {name: build_tree(spec, pair) for name, spec in (continuous or {}).items()}
     times: dict[tuple[str, int], list[float]] = {}
     outputs: dict[tuple[str, int], list[list[GenerationResult]]] = {}  # per repeat
     names = list(batchers)
+
+    def run_continuous(rep: int, size: int) -> None:
+        for name, policy in flowing.items():
+            t0 = time.perf_counter()
+            outs = dec.generate_batch([p.prompt for p in prompts], max_new_tokens, tree=policy,
+                                      domain=[p.domain for p in prompts], prompt_ids=[p.id for p in prompts],
+                                      max_batch=size)
+            times.setdefault((name, size), [0.0] * repeats)[rep] = time.perf_counter() - t0
+            outputs.setdefault((name, size), [[] for _ in range(repeats)])[rep] = outs
+
     for rep in range(repeats):
         for size in sizes:
+            if rep % 2 == 0:
+                run_continuous(rep, size)
             for start in range(0, len(prompts), size):
                 batch = prompts[start : start + size]
                 for name in row_order(names, rep, start):  # shuffled per batch: drift and carry-over hit rows alike
@@ -85,8 +101,11 @@ def run_batch_bench(dec: TreeDecoder, prompts: list[Prompt], sizes: list[int], s
                     outputs.setdefault(key, [[] for _ in range(repeats)])[rep].extend(outs)
                 if on_progress is not None:
                     on_progress()
-    rows = [_row(name, size, specs.get(name), times, outputs[(name, size)], prompts, solo)
-            for size in sizes for name in names]
+            if rep % 2 == 1:
+                run_continuous(rep, size)
+    every = {**specs, **(continuous or {})}
+    rows = [_row(name, size, every.get(name), times, outputs[(name, size)], prompts, solo, name in flowing)
+            for size in sizes for name in [*names, *flowing]]
     env = {"torch": torch.__version__, "threads": str(torch.get_num_threads()), "python": platform.python_version(),
            "machine": platform.machine(), "device": str(dec.device)}
     return BatchBenchResult(prompts=len(prompts), max_new_tokens=max_new_tokens, repeats=repeats, batch_sizes=sizes,
@@ -95,13 +114,15 @@ def run_batch_bench(dec: TreeDecoder, prompts: list[Prompt], sizes: list[int], s
 
 def _row(name: str, size: int, spec: str | None, times: dict[tuple[str, int], list[float]],
          repeats_outs: list[list[GenerationResult]], prompts: list[Prompt],
-         solo: dict[str, list[int]]) -> BatchRow:
+         solo: dict[str, list[int]], continuous: bool = False) -> BatchRow:
     mine, plain = times[(name, size)], times[(PLAIN, size)]
     outs = repeats_outs[sorted(range(len(mine)), key=mine.__getitem__)[len(mine) // 2]]  # the median repeat's
     tokens = sum(len(o.token_ids) for o in outs)
     batches = [outs[i : i + size] for i in range(0, len(outs), size)]
-    # A batch takes as many steps as its slowest row (plain: as many positions as its longest row).
-    batch_steps = sum(max(len(o.stats.steps) for o in b) for b in batches)
+    # A batch takes as many steps as its slowest row (plain: as many positions as its longest row); a continuous
+    # batch's step of r rows is one step of each of them.
+    batch_steps = (sum(1 / s.rows for o in outs for s in o.stats.steps) if continuous
+                   else sum(max(len(o.stats.steps) for o in b) for b in batches))
     rates = [tokens / t for t in mine]
     steps = [s for o in outs for s in o.stats.steps] if name != PLAIN else []
     busy = sum(s.draft_s + s.verify_s + s.other_s for s in steps)

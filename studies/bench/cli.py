@@ -148,7 +148,8 @@ def _bench_batched(suite: Path, split: str, domain: list[str] | None, per_domain
         with Progress(console=console, transient=True) as progress:
             task = progress.add_task("batched benchmark", total=repeats * sum(-(-len(prompts) // b) for b in sizes))
             result = run_batch_bench(dec, prompts, sorted(set(sizes)), specs, max_new_tokens, repeats,
-                                     on_progress=lambda: progress.advance(task), pair=pair)
+                                     on_progress=lambda: progress.advance(task), pair=pair,
+                                     continuous=dict(_B.batch_continuous))
     except TreewiseError as err:
         console.print(f"[red]error:[/red] {err}")
         raise typer.Exit(2) from None

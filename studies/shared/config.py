@@ -42,6 +42,8 @@ class BenchConfig(BaseModel):
     batch_trees: dict[str, str] = Field(default_factory=lambda: {
         "static": "static:width=2,depth=3", "learned_fixed_cost": "learned:batch_aware=false,measured=false",
         "learned": "learned"})
+    # Rows of the batched bench that decode all prompts as one continuous batch of at most N rows.
+    batch_continuous: dict[str, str] = Field(default_factory=lambda: {"learned_continuous": "learned"})
     hf_assisted: bool = True
     # HF assisted generation settings, set on the draft's generation_config (5.x leaves them unset).
     hf_num_assistant_tokens: int = 20

@@ -82,9 +82,10 @@ def test_batched_bench_json_contract(tokenizer, tmp_path) -> None:
     prompts = [Prompt(id=f"p{i}", domain="code", prompt=text) for i, text in
                enumerate(["def f(x):", "hello world", "12 + 7 =", "abc", "tree decoding is"])]
     result = run_batch_bench(dec, prompts, [1, 2], {"static": "static:width=2,depth=2", "chain": "chain:length=3"},
-                             max_new_tokens=12, repeats=2)
+                             max_new_tokens=12, repeats=2, continuous={"flow": "static:width=2,depth=2"})
     again = BatchBenchResult.model_validate_json(result.model_dump_json())
-    assert [(r.batch_size, r.row) for r in again.rows] == [(b, n) for b in (1, 2) for n in (PLAIN, "static", "chain")]
+    assert [(r.batch_size, r.row) for r in again.rows] == [(b, n) for b in (1, 2)
+                                                           for n in (PLAIN, "static", "chain", "flow")]
     for r in again.rows:
         assert r.mismatches == 0 and r.new_tokens > 0 and r.tokens_per_s > 0 and r.step_ms > 0
         assert (r.target_ms_per_step is None) == (r.row == PLAIN)
