@@ -12,9 +12,11 @@ a plain target step (with a probe every ``probe_every`` steps).
 The costs are the goodput of the step, solo or batched: in a batch of B rows (``Frontier.batch``), every node
 is priced by the batched forward of B rows (``LatencyProfile.for_batch``, the grid ``treewise latency``
 measures), so trees shrink, or drafting stops, as the batch makes verification dear (``batch_aware``). The
-step time outside the forwards and the machine's speed are measured per request (``controller.stepcost``,
+step time outside the forwards and the forwards' speed, per kind of step, are measured (``controller.stepcost``,
 ``measured``): the overhead counts in every node's share of the step, and the root's rule weighs a tree
-step's overhead against a plain step's, so a busy machine stops drafting by itself. ``guard``
+step, forwards and overhead as measured, against a plain step's, so a machine on which tree steps cost more
+than the profile says (a busy one, or one with faster memory than the profile's) stops drafting by itself;
+a drafting request takes an occasional plain step to measure one. ``guard``
 (``controller.guard``, off by default: on the bench it stopped drafting on noisy early steps and cost more than
 it saved; docs/performance.md) judges from tokens per step as well as step times.
 
@@ -131,13 +133,14 @@ class Costs:
     root_draft_ms: float  # the root's draft forward
     cost_scale: float
 
-    def root_cost(self, tree_ms: float = 0.0, plain_ms: float = 0.0) -> float:
+    def root_cost(self, tree_ms: float = 0.0, plain_ms: float = 0.0, ratio: float = 1.0) -> float:
         """What a first draft forward and verified node cost over a plain step, in expected tokens at a fresh
-        step (gain 1, no nodes); ``tree_ms`` / ``plain_ms``: measured time outside the forwards of each kind."""
+        step (gain 1, no nodes); ``tree_ms`` / ``plain_ms``: measured time outside the forwards of each kind,
+        ``ratio``: a tree step's forwards against a plain step's, measured over predicted (stepcost)."""
         if not self.target:
             return 0.0
         d, t1, t2 = self.root_draft_ms, self.target[1], self.target[2]
-        return self.cost_scale * (d + t2 + tree_ms - t1 - plain_ms) / (d + t1 + tree_ms)
+        return self.cost_scale * (d + t2 + tree_ms - (t1 + plain_ms) / ratio) / (d + t1 + tree_ms)
 
 
 def _costs(latency: LatencyProfile | None, budget: DomainBudget, batch: int) -> Costs:
@@ -301,11 +304,14 @@ class LearnedTree:
         if self.batch_aware and frontier.batch != r.costs.batch and self.latency is not None:
             self._rebatch(frontier.batch)
         tree_ms = plain_ms = 0.0
+        ratio, solo = 1.0, frontier.batch == 1  # a batch's step is one kind for all rows: rows measure no ratio
         if self.measured:
             self._steps.begin()
             tree_ms, plain_ms = self._steps.tree_ms, self._steps.plain_ms
+            ratio = self._steps.ratio if solo else 1.0
         allowed = self.guard.allow() if self.guard is not None else True  # always: it times the steps
-        draft = (est >= r.costs.root_cost(tree_ms, plain_ms) or frontier.step % self.probe_every == 0) and allowed
+        draft = (est >= r.costs.root_cost(tree_ms, plain_ms, ratio) or frontier.step % self.probe_every == 0) \
+            and allowed and not (self.measured and solo and self._steps.plain_due())
         r.drafted_before, r.drafted, r.overhead_ms = r.drafted, draft, tree_ms
         if draft:  # the level keeps the step's running state from here; a step's time outside its forwards
             # counts in each node's share of the step (it is paid whatever the tree's size)

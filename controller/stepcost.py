@@ -1,20 +1,25 @@
 """MeasuredCosts: what a request's steps actually cost, next to what the latency profile predicts.
 
-The profile prices model forwards only, measured on a quiet machine. A step also pays work outside the
+The profile prices model forwards only, measured once on one machine. A step also pays work outside the
 forwards (drafting bookkeeping, the policy, verification, cache compaction: per row, so it grows with the
-batch), and a busy machine slows both, small kernels most. Each step, the decoder reports how long its
-forwards took (``StepOutcome.forward_ms``) and the policy's clock gives the whole step (root plan to root
-plan), so a request learns two things:
+batch), and another machine or a busy one changes the forwards' costs unevenly: a host with faster memory
+runs a one-token forward far faster while a tree's forward, which computes more, gains less; a busy one slows
+a tree step's many small calls most. Each step, the decoder reports how long its forwards took
+(``StepOutcome.forward_ms``) and the policy's clock gives the whole step (root plan to root plan), so the
+policy learns, separately for tree steps and plain steps:
 
-- ``scale``: measured forwards over predicted ones (a slower or busier machine);
-- the step time outside the forwards, for tree steps and for plain steps, in the profile's units
-  (``tree_ms`` and ``plain_ms``: the measured overhead divided by ``scale``).
+- the scale: measured forwards over the profile's (``tree_scale``, ``plain_scale``); their quotient ``ratio``
+  says how much dearer a tree step's forwards are, against a plain step's, than the profile thinks;
+- the step time outside the forwards (``tree_ms``, ``plain_ms``), in each kind's profile units (divided by
+  its scale).
 
-Step times are steady where tokens per step are not (1-7 between neighbouring steps), so these averages
-settle in a few steps; ``PayoffGuard`` judged drafting from tokens per step and cost more than it saved
-(docs/performance.md). Estimates from n steps count n / (n + ``prior``) against the profile's own view
-(scale 1, no overhead). A step that carries a prefill (a request's first) or a draft catch-up (the first tree
-step after plain steps) is not measured.
+A drafting request measures plain steps only if it takes some: ``plain_due`` asks for one plain step after the
+first few measured tree steps and then one every ``plain_every``. Step times are steady where tokens per step
+are not (1-7 between neighbouring steps), so these averages settle in a few steps; ``PayoffGuard`` judged
+drafting from tokens per step and cost more than it saved (docs/performance.md). Estimates from n steps count
+n / (n + ``prior``) against the profile's own view (scale 1, no overhead). A step that carries a prefill (a
+request's first) or a draft catch-up (the first tree step after plain steps) is not measured. What was learned
+outlives a request (``start`` keeps it): the machine is the same for the next one.
 """
 
 from __future__ import annotations
@@ -39,29 +44,44 @@ class _Avg:
 
 
 @dataclass
+class _Kind:
+    """Averages of one kind of step (tree or plain)."""
+
+    scale: _Avg = field(default_factory=_Avg)  # measured forwards over predicted ones
+    outside: _Avg = field(default_factory=_Avg)  # ms outside the forwards, as measured
+
+
+@dataclass
 class MeasuredCosts:
     weight: float = 0.2  # of the newest step in each moving average
     prior: float = 2.0  # steps' worth of trust in the profile's own view
+    first_plain: int = 2  # measured tree steps before the first plain step a drafting request is asked for
+    plain_every: int = 32  # then measured tree steps between plain steps
     clock: Callable[[], float] = time.perf_counter
-    _scale: _Avg = field(default_factory=_Avg, init=False, repr=False)
-    _tree: _Avg = field(default_factory=_Avg, init=False, repr=False)
-    _plain: _Avg = field(default_factory=_Avg, init=False, repr=False)
+    _tree: _Kind = field(default_factory=_Kind, init=False, repr=False)
+    _plain: _Kind = field(default_factory=_Kind, init=False, repr=False)
+    _since_plain: int = field(default=0, init=False, repr=False)  # measured tree steps since a plain one
     _t0: float | None = field(default=None, init=False, repr=False)
     _open: tuple[float, float, bool] | None = field(default=None, init=False, repr=False)  # the step to close
 
     def start(self) -> None:
-        """A new request: nothing measured."""
-        self._scale, self._tree, self._plain = _Avg(), _Avg(), _Avg()
+        """A new request: its first step carries a prefill; what the machine's steps cost is kept."""
         self._t0 = self._open = None
+
+    def forget(self) -> None:
+        """Back to the profile's own view: nothing measured."""
+        self._tree, self._plain, self._since_plain = _Kind(), _Kind(), 0
+        self.start()
 
     def begin(self) -> None:
         """At a step's root: the previous step ends here; fold it in if it was measurable."""
         now = self.clock()
         if self._t0 is not None and self._open is not None:
             predicted, forward, drafted = self._open
-            step = 1000 * (now - self._t0)
-            self._scale.add(forward / predicted, self.weight)
-            (self._tree if drafted else self._plain).add(max(step - forward, 0.0), self.weight)
+            kind = self._tree if drafted else self._plain
+            kind.scale.add(forward / predicted, self.weight)
+            kind.outside.add(max(1000 * (now - self._t0) - forward, 0.0), self.weight)
+            self._since_plain = self._since_plain + 1 if drafted else 0
         self._t0, self._open = now, None
 
     def end(self, predicted_ms: float, forward_ms: float, drafted: bool, measurable: bool) -> None:
@@ -69,16 +89,37 @@ class MeasuredCosts:
         if measurable and predicted_ms > 0 and math.isfinite(forward_ms) and forward_ms > 0:
             self._open = (predicted_ms, forward_ms, drafted)
 
+    def _scale(self, kind: _Kind) -> float:
+        return max(kind.scale.shrunk(self.prior, 1.0), 1e-3)
+
     @property
-    def scale(self) -> float:
-        return max(self._scale.shrunk(self.prior, 1.0), 1e-3)
+    def tree_scale(self) -> float:
+        return self._scale(self._tree)
+
+    @property
+    def plain_scale(self) -> float:
+        return self._scale(self._plain)
+
+    @property
+    def ratio(self) -> float:
+        """A tree step's forwards against a plain step's, measured over predicted: 1 until both kinds are
+        measured, then shrunk toward 1 by the fewer kind's count."""
+        n = min(self._tree.scale.n, self._plain.scale.n)
+        if n == 0:
+            return 1.0
+        return 1.0 + n / (n + self.prior) * (self.tree_scale / self.plain_scale - 1.0)
 
     @property
     def tree_ms(self) -> float:
-        """Time a tree step spends outside its forwards, in profile milliseconds."""
-        return self._tree.shrunk(self.prior, 0.0) / self.scale
+        """Time a tree step spends outside its forwards, in the profile's milliseconds of tree steps."""
+        return self._tree.outside.shrunk(self.prior, 0.0) / self.tree_scale
 
     @property
     def plain_ms(self) -> float:
-        """Time a plain step spends outside its forward, in profile milliseconds."""
-        return self._plain.shrunk(self.prior, 0.0) / self.scale
+        """Time a plain step spends outside its forward, in the profile's milliseconds of plain steps."""
+        return self._plain.outside.shrunk(self.prior, 0.0) / self.plain_scale
+
+    def plain_due(self) -> bool:
+        """Whether a drafting request should take a plain step now to measure what one costs."""
+        due = self.first_plain if self._plain.scale.n == 0 else self.plain_every
+        return self._since_plain >= due

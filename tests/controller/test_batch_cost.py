@@ -76,6 +76,8 @@ def dec(tokenizer):
 
 
 def _policy(**kw: object) -> LearnedTree:
+    """The grid's rule alone: measured step costs (the real clock on toy models) would move its decisions."""
+    kw.setdefault("measured", False)
     return LearnedTree(Fixed(), BudgetsFile(default=DomainBudget(node_budget=6, max_depth=3, max_width=2)),
                        EXPENSIVE_BATCH, probe_every=1000, online=None, **kw)
 

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pytest
 from conftest import make_model
 
 from treewise.controller import BudgetsFile, DomainBudget, LatencyProfile, LearnedTree
+from treewise.controller.learned import Costs
 from treewise.controller.stepcost import MeasuredCosts
-from treewise.decoder import TreeDecoder
+from treewise.decoder import StepOutcome, TreeDecoder
 
 
 class Clock:
@@ -31,23 +33,47 @@ def _steps(costs: MeasuredCosts, clock: Clock, n: int, step_ms: float, predicted
 
 def test_nothing_measured_is_the_profile() -> None:
     costs = MeasuredCosts()
-    assert (costs.scale, costs.tree_ms, costs.plain_ms) == (1.0, 0.0, 0.0)
+    nothing = (1.0, 1.0, 1.0, 0.0, 0.0)
+    assert (costs.tree_scale, costs.plain_scale, costs.ratio, costs.tree_ms, costs.plain_ms) == nothing
+    assert not costs.plain_due()
 
 
-def test_scale_and_overheads_converge_in_profile_units() -> None:
+def test_scales_and_overheads_converge_per_kind_in_profile_units() -> None:
     clock = Clock()
-    costs = MeasuredCosts(clock=clock)
+    costs = MeasuredCosts(clock=clock, plain_every=1000)
     costs.start()
     _steps(costs, clock, 40, step_ms=30.0, predicted=10.0, forward=20.0, drafted=True)
     costs.begin()  # closes the last step
-    assert costs.scale == pytest.approx(2.0 * 40 / 42 + 1.0 * 2 / 42, rel=1e-6)  # shrunk toward the profile
-    assert costs.tree_ms == pytest.approx(10.0 * 40 / 42 / costs.scale, rel=1e-6)
-    assert costs.plain_ms == 0.0
-    _steps(costs, clock, 40, step_ms=22.0, predicted=10.0, forward=20.0, drafted=False)
+    shrink = 40 / 42  # 40 measured steps against a prior of 2
+    assert costs.tree_scale == pytest.approx(2.0 * shrink + 1.0 * (1 - shrink), rel=1e-6)
+    assert costs.tree_ms == pytest.approx(10.0 * shrink / costs.tree_scale, rel=1e-6)
+    assert (costs.plain_scale, costs.plain_ms, costs.ratio) == (1.0, 0.0, 1.0)  # no plain step measured yet
+    assert costs.plain_due()  # a drafting request is asked for a plain step
+    _steps(costs, clock, 40, step_ms=6.0, predicted=10.0, forward=5.0, drafted=False)
     costs.begin()
-    assert costs.plain_ms == pytest.approx(2.0 * 40 / 42 / costs.scale, rel=1e-3)
-    costs.start()
-    assert (costs.scale, costs.tree_ms, costs.plain_ms) == (1.0, 0.0, 0.0)
+    assert not costs.plain_due()
+    assert costs.plain_scale == pytest.approx(0.5 * shrink + 1.0 * (1 - shrink), rel=1e-3)
+    assert costs.plain_ms == pytest.approx(1.0 * shrink / costs.plain_scale, rel=1e-3)
+    assert costs.ratio == pytest.approx(1 + shrink * (costs.tree_scale / costs.plain_scale - 1), rel=1e-6)
+    assert costs.ratio > 3.5  # tree steps' forwards run twice the profile, a plain step's half
+    costs.start()  # a new request keeps what the machine's steps cost
+    assert costs.ratio > 3.5
+    costs.forget()
+    assert (costs.tree_scale, costs.plain_scale, costs.ratio, costs.tree_ms, costs.plain_ms) == (1, 1, 1, 0, 0)
+
+
+def test_plain_steps_are_asked_for_first_early_then_rarely() -> None:
+    clock = Clock()
+    costs = MeasuredCosts(clock=clock, first_plain=2, plain_every=5)
+    asked = []
+    for _ in range(20):
+        costs.begin()
+        drafted = not costs.plain_due()
+        asked.append(drafted)
+        costs.end(10.0, 10.0, drafted, True)
+        clock.now += 0.01
+    assert asked[:3] == [True, True, False]  # two measured tree steps, then a plain one
+    assert asked[3:10] == [True] * 5 + [False, True]  # then one every five
 
 
 def test_unmeasurable_steps_are_skipped() -> None:
@@ -56,7 +82,7 @@ def test_unmeasurable_steps_are_skipped() -> None:
     _steps(costs, clock, 5, step_ms=500.0, predicted=10.0, forward=20.0, drafted=True, measurable=False)
     _steps(costs, clock, 5, step_ms=500.0, predicted=10.0, forward=float("nan"), drafted=True)
     costs.begin()
-    assert (costs.scale, costs.tree_ms) == (1.0, 0.0)
+    assert (costs.tree_scale, costs.tree_ms) == (1.0, 0.0) and not costs.plain_due()
 
 
 class Fixed:
@@ -73,12 +99,30 @@ def dec(tokenizer):
     return TreeDecoder(target, make_model("llama", 1, layers=1), tokenizer)
 
 
-@pytest.mark.parametrize("tree_extra_s", [0.0, 1.0], ids=["cheap", "slow-tree-steps"])
-def test_learned_tree_stops_drafting_where_tree_steps_measure_slow(dec, tree_extra_s: float) -> None:
+@dataclass
+class ScriptedForwards(LearnedTree):
+    """LearnedTree told scripted forward times: a plain step's forward as the profile says (10 ms), a tree step's
+    ``tree_forward_x`` times the profile's (draft levels and the verify of its nodes)."""
+
+    tree_forward_x: float = 1.0
+
+    def observe(self, outcome: StepOutcome) -> None:
+        drafted = self._request is not None and self._request.drafted
+        ms = self.tree_forward_x * (12.0 + 0.5 * outcome.verified) if drafted else 10.0
+        super().observe(replace(outcome, forward_ms=ms))
+
+
+@pytest.mark.parametrize(("tree_extra_s", "tree_forward_x"), [(0.0, 1.0), (1.0, 1.0), (0.0, 20.0)],
+                         ids=["cheap", "slow-tree-steps", "slow-tree-forwards"])
+def test_learned_tree_stops_drafting_where_tree_steps_measure_slow(dec, tree_extra_s: float,
+                                                                   tree_forward_x: float) -> None:
     """A clock on which every tree step takes ``tree_extra_s`` more than a plain step (a busy machine hurting
-    the many small calls of a tree step): after a few measured steps the request decodes plain steps."""
-    policy = LearnedTree(Fixed(), BudgetsFile(default=DomainBudget(node_budget=6, max_depth=3, max_width=2)),
-                         LatencyProfile.flat(10.0, 1.0, 0.5), probe_every=1000, online=None)
+    the many small calls of a tree step), or tree steps whose forwards run ``tree_forward_x`` times what the
+    profile says while a plain step's run as it says (a host whose memory is faster than the profile's): after a
+    few measured steps the request decodes plain steps. Where neither holds it keeps drafting."""
+    policy = ScriptedForwards(Fixed(), BudgetsFile(default=DomainBudget(node_budget=6, max_depth=3, max_width=2)),
+                              LatencyProfile.flat(10.0, 1.0, 0.5), probe_every=1000, online=None,
+                              tree_forward_x=tree_forward_x)
     clock = Clock()
 
     def tick() -> float:
@@ -87,7 +131,22 @@ def test_learned_tree_stops_drafting_where_tree_steps_measure_slow(dec, tree_ext
         return clock.now
 
     policy._steps.clock = tick
+    policy._steps.plain_every = 1000  # one plain step early (first_plain), none late
     out = dec.generate("def f(x):", max_new_tokens=40, tree=policy)
     assert out.token_ids == dec.generate_plain("def f(x):", max_new_tokens=40).token_ids
-    late = [s.draft_forwards > 0 for s in out.stats.steps[8:-1]]
-    assert all(late) if tree_extra_s == 0.0 else not any(late)
+    drafted = [s.draft_forwards > 0 for s in out.stats.steps]
+    late = drafted[8:-1]
+    assert all(late) if tree_extra_s == 0.0 and tree_forward_x == 1.0 else not any(late)
+    assert not all(drafted[:8])  # the early plain step that measures one
+
+
+def test_root_cost_grows_with_the_measured_ratio() -> None:
+    """A tree step whose forwards measure dearer than the profile says, against a plain step's, needs a more
+    valuable first node before the request drafts; ratio 1 is the profile's own rule."""
+    costs = Costs(batch=1, target=[0.0, 100.0, 105.0, 110.0], draft=[0.0, 8.0, 9.0, 10.0], root_draft_ms=8.0,
+                  cost_scale=1.0)
+    assert costs.root_cost() == pytest.approx((8 + 105 - 100) / (8 + 100))
+    ratios = [0.5, 1.0, 1.5, 2.0, 4.0]
+    values = [costs.root_cost(2.0, 1.0, r) for r in ratios]
+    assert values == sorted(values) and values[1] == pytest.approx((8 + 105 + 2 - 101) / (8 + 100 + 2))
+    assert values[3] > 0.5 > values[1]  # twice as dear: a first node must be accepted more often than not
