@@ -19,7 +19,7 @@ are not (1-7 between neighbouring steps), so these averages settle in a few step
 drafting from tokens per step and cost more than it saved (docs/performance.md). Estimates from n steps count
 n / (n + ``prior``) against the profile's own view (scale 1, no overhead). A step that carries a prefill (a
 request's first) or a draft catch-up (the first tree step after plain steps) is not measured. What was learned
-outlives a request (``start`` keeps it): the machine is the same for the next one.
+carries over to the next request (the machine is the same) with the weight of ``carry`` steps.
 """
 
 from __future__ import annotations
@@ -57,6 +57,7 @@ class MeasuredCosts:
     prior: float = 2.0  # steps' worth of trust in the profile's own view
     first_plain: int = 2  # measured tree steps before the first plain step a drafting request is asked for
     plain_every: int = 32  # then measured tree steps between plain steps
+    carry: int = 2  # steps' worth of trust a new request gives what earlier requests measured
     clock: Callable[[], float] = time.perf_counter
     _tree: _Kind = field(default_factory=_Kind, init=False, repr=False)
     _plain: _Kind = field(default_factory=_Kind, init=False, repr=False)
@@ -65,7 +66,11 @@ class MeasuredCosts:
     _open: tuple[float, float, bool] | None = field(default=None, init=False, repr=False)  # the step to close
 
     def start(self) -> None:
-        """A new request: its first step carries a prefill; what the machine's steps cost is kept."""
+        """A new request: its first step carries a prefill. What the machine's steps cost is kept, but trusted
+        as ``carry`` steps at most: a request that stopped drafting measures no tree step (its probes carry the
+        draft catch-up), so each new request weighs the profile back in and re-measures."""
+        for kind in (self._tree, self._plain):
+            kind.scale.n, kind.outside.n = min(kind.scale.n, self.carry), min(kind.outside.n, self.carry)
         self._t0 = self._open = None
 
     def forget(self) -> None:
