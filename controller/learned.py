@@ -7,7 +7,7 @@ clears the budget's threshold and, given the latency profile, pays for its verif
 children's predictions are spread keeps more of them (widening) and a peaked one keeps one. A level is
 drafted only when its expected gain covers one more draft forward; at the root, when the predicted
 value of the best root child (a running mean over recent steps) is too low to pay for drafting, the step is
-a plain target step (with a probe every ``probe_every`` steps).
+a plain target step (with a probe after ``probe_every`` plain steps, backing off while probes do not pay).
 
 The costs are the goodput of the step, solo or batched: in a batch of B rows (``Frontier.batch``), every node
 is priced by the batched forward of B rows (``LatencyProfile.for_batch``, the grid ``treewise latency``
@@ -172,6 +172,8 @@ class Request:
     drafted_before: bool = False  # ... and the step before's
     overhead_ms: float = 0.0  # the measured time outside forwards this step's tree was priced with
     root_value: float | None = None  # running mean of the best root child's value
+    plain_run: int = 0  # plain steps since this request last drafted
+    probe_gap: int = 8  # plain steps before the next probe: doubles after each probe the rule does not follow
 
 
 @dataclass
@@ -180,7 +182,8 @@ class LearnedTree:
     budgets: BudgetsFile = field(default_factory=lambda: BudgetsFile(default=DomainBudget()))
     latency: LatencyProfile | None = None  # None: no cost rule, only thresholds and budgets
     classifier: DomainResolver | None = None  # resolves domain="auto"
-    probe_every: int = 8  # a request that stopped drafting still drafts every N steps to notice a change
+    probe_every: int = 8  # a request that stopped drafting still drafts after N plain steps to notice a change,
+    probe_max: int = 64  # ... then after twice as many while its probes do not pay, up to this many
     online: OnlineConfig | None = field(default_factory=OnlineConfig)  # None: no per-request correction
     guard: PayoffGuard | None = None  # None: no measured never-slower-than-plain rule
     batch_aware: bool = True  # in a batch, size trees by the batch's cost model (False: as if decoding alone)
@@ -243,7 +246,7 @@ class LearnedTree:
         k = compiled or python_kernels(dict_scorer(self.predictor, layout))
         self._request = Request(domain, budget, state, k, state.args(),
                                 (LevelPlan.uniform(1, 0), LevelPlan.uniform(1, budget.max_width)), costs,
-                                RequestFeatures())
+                                RequestFeatures(), probe_gap=self.probe_every)
         self._request.context.start()
         self._calibrator.reset()
         self._steps.start()
@@ -310,8 +313,15 @@ class LearnedTree:
             tree_ms, plain_ms = self._steps.tree_ms, self._steps.plain_ms
             ratio = self._steps.ratio if solo else 1.0
         allowed = self.guard.allow() if self.guard is not None else True  # always: it times the steps
-        draft = (est >= r.costs.root_cost(tree_ms, plain_ms, ratio) or frontier.step % self.probe_every == 0) \
-            and allowed and not (self.measured and solo and self._steps.plain_due())
+        pays = est >= r.costs.root_cost(tree_ms, plain_ms, ratio)
+        probe = frontier.step == 0 or r.plain_run >= r.probe_gap
+        draft = (pays or probe) and allowed and not (self.measured and solo and self._steps.plain_due())
+        # A probe costs a tree step that the rule judged not to pay: back off while they keep not paying.
+        if pays:
+            r.probe_gap = self.probe_every
+        elif draft and frontier.step > 0:
+            r.probe_gap = min(2 * r.probe_gap, self.probe_max)
+        r.plain_run = 0 if draft else r.plain_run + 1
         r.drafted_before, r.drafted, r.overhead_ms = r.drafted, draft, tree_ms
         if draft:  # the level keeps the step's running state from here; a step's time outside its forwards
             # counts in each node's share of the step (it is paid whatever the tree's size)

@@ -120,6 +120,19 @@ def test_learned_skips_drafting_when_acceptance_is_hopeless(dec) -> None:
     assert all(s.draft_forwards == 0 for s in out.stats.steps[3:])
 
 
+def test_learned_probes_back_off_while_they_do_not_pay(dec) -> None:
+    class Never(DraftProbPredictor):
+        def predict_batch(self, features):
+            return np.zeros(len(features["depth"]))
+
+    policy = LearnedTree(Never(), BudgetsFile(default=DomainBudget()), LatencyProfile.flat(target_ms=1.0, draft_ms=0.9),
+                         probe_every=2, probe_max=8, measured=False)
+    out = dec.generate("abc", max_new_tokens=60, tree=policy)
+    drafted = [i for i, s in enumerate(out.stats.steps) if s.draft_forwards > 0]
+    gaps = [b - a - 1 for a, b in zip(drafted, drafted[1:], strict=False)]  # plain steps between probes
+    assert drafted[0] == 0 and gaps[:4] == [2, 4, 8, 8], gaps
+
+
 def test_learned_resolves_auto_domain(dec) -> None:
     class Fixed:
         def resolve(self, domain: str, text: str) -> str:
