@@ -13,14 +13,18 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-_BUSY = "import numpy as np\na = np.random.default_rng(0).random((256, 256))\nwhile True:\n    a = a @ a * 1e-3 + 1.0\n"
+# Each busy process stops by itself once its parent is gone (reparented): a bench killed without running its
+# cleanup (SIGTERM, kill -9) leaves no process behind.
+# The parent's pid comes as an argument: one read at start could already see the new parent.
+_BUSY = ("import os\nimport sys\nimport numpy as np\na = np.random.default_rng(0).random((256, 256))\n"
+         "while os.getppid() == int(sys.argv[1]):\n    a = a @ a * 1e-3 + 1.0\n")
 
 
 @contextmanager
 def contention(processes: int) -> Iterator[list[int]]:
     """Run ``processes`` busy processes while the block runs; yields their pids."""
     env = os.environ | {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    procs = [subprocess.Popen([sys.executable, "-c", _BUSY], env=env, stdout=subprocess.DEVNULL,
+    procs = [subprocess.Popen([sys.executable, "-c", _BUSY, str(os.getpid())], env=env, stdout=subprocess.DEVNULL,
                               stderr=subprocess.DEVNULL) for _ in range(max(processes, 0))]
     try:
         yield [p.pid for p in procs]

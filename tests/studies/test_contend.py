@@ -27,3 +27,23 @@ def test_contention_runs_busy_processes_only_inside_the_block() -> None:
     assert not any(_alive(p) for p in pids)
     with contention(0) as none:
         assert none == []
+
+
+def test_busy_processes_stop_when_the_bench_is_killed() -> None:
+    """kill -9 skips the block's cleanup: each busy process notices its parent is gone and stops."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    code = ("import time\nfrom treewise.studies.bench.contend import contention\n"
+            "with contention(1) as pids:\n    print(pids[0], flush=True)\n    time.sleep(60)\n")
+    bench = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    busy = int(bench.stdout.readline())
+    assert _alive(busy)
+    os.kill(bench.pid, signal.SIGKILL)
+    bench.wait()
+    deadline = time.monotonic() + 20
+    while _alive(busy) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(busy)
