@@ -19,7 +19,8 @@ are not (1-7 between neighbouring steps), so these averages settle in a few step
 drafting from tokens per step and cost more than it saved (docs/performance.md). Estimates from n steps count
 n / (n + ``prior``) against the profile's own view (scale 1, no overhead). A step that carries a prefill (a
 request's first) or a draft catch-up (the first tree step after plain steps) is not measured. What was learned
-carries over to the next request (the machine is the same) with the weight of ``carry`` steps.
+carries over to the next request (the machine is the same) with the weight of ``carry`` step: the ratio waits
+for the request's own first measured tree step.
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ class MeasuredCosts:
     prior: float = 2.0  # steps' worth of trust in the profile's own view
     first_plain: int = 2  # measured tree steps before the first plain step a drafting request is asked for
     plain_every: int = 32  # then measured tree steps between plain steps
-    carry: int = 2  # steps' worth of trust a new request gives what earlier requests measured
+    carry: int = 1  # steps' worth of trust a new request gives what earlier requests measured
     clock: Callable[[], float] = time.perf_counter
     _tree: _Kind = field(default_factory=_Kind, init=False, repr=False)
     _plain: _Kind = field(default_factory=_Kind, init=False, repr=False)
@@ -107,12 +108,13 @@ class MeasuredCosts:
 
     @property
     def ratio(self) -> float:
-        """A tree step's forwards against a plain step's, measured over predicted: 1 until both kinds are
-        measured, then shrunk toward 1 by the fewer kind's count."""
-        n = min(self._tree.scale.n, self._plain.scale.n)
-        if n == 0:
+        """A tree step's forwards against a plain step's, measured over predicted: 1 until two tree steps and
+        a plain step are measured, then their moving averages' quotient as it stands. Forward times are
+        steady, and shrinking both toward the profile would hide the ratio for most of a request, which
+        measures a plain step only now and then."""
+        if self._tree.scale.n < 2 or self._plain.scale.n < 1:
             return 1.0
-        return 1.0 + n / (n + self.prior) * (self.tree_scale / self.plain_scale - 1.0)
+        return max(self._tree.scale.value, 1e-3) / max(self._plain.scale.value, 1e-3)
 
     @property
     def tree_ms(self) -> float:

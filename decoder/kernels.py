@@ -8,17 +8,31 @@ way). Verifying a tree of a few nodes is therefore nearly as cheap as one decodi
 speculative decoding needs. One row keeps ``F.linear`` (a matrix-vector product either way), so plain
 decoding runs the very kernel it ran before.
 
+That holds on the CPU it was measured on, not on every one: another host of the same kind ran the few-row
+``F.linear`` well (SmolLM2, a whole forward of 2 tokens: 35 ms stock against 70 ms swapped, 1 token 33 ms
+either way), where the swap doubles what a small tree costs. So loading times the two products on the model's
+largest weight first (``skinny_pays``) and swaps only where the swap is faster; ``$TREEWISE_LINEARS``
+(``auto``, ``skinny``, ``stock``) overrides that choice.
+
 The swap replaces modules through the public ``nn.Module`` API (as PyTorch's own quantisation does), keeps
 each Parameter object (tied embeddings stay tied) and changes no model code.
 """
 
 from __future__ import annotations
 
+import os
+import statistics
+import time
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["SkinnyLinear", "swap_linears", "use_skinny_linears"]
+from .errors import TreewiseError
+
+__all__ = ["LINEARS_ENV", "SkinnyLinear", "choose_linears", "skinny_pays", "swap_linears", "use_skinny_linears"]
+
+LINEARS_ENV = "TREEWISE_LINEARS"
 
 
 class SkinnyLinear(nn.Linear):
@@ -57,3 +71,37 @@ def swap_linears(model: nn.Module, kind: type[nn.Linear]) -> int:
         model.set_submodule(name, new)
         swapped += 1
     return swapped
+
+
+def skinny_pays(model: nn.Module, rows: tuple[int, ...] = (2, 4), rounds: int = 5, margin: float = 0.9) -> bool:
+    """Whether ``(W @ x.T).T`` beats ``F.linear(x, W)`` on this CPU for a few rows, timed on ``model``'s largest
+    linear weight (the output layer of a language model, most of a small model's few-row time) in alternating
+    rounds after one warm-up; the swap must win by ``margin`` on the median."""
+    weights = [m.weight for m in model.modules() if type(m) in (nn.Linear, SkinnyLinear)]
+    if not weights or weights[0].device.type != "cpu":
+        return False
+    w = max(weights, key=lambda p: p.numel())
+    times: dict[bool, list[float]] = {False: [], True: []}
+    with torch.inference_mode():
+        for r in rows:
+            x = torch.randn(r, w.shape[1], dtype=w.dtype)
+            for i in range(rounds + 1):
+                for skinny in (i % 2 == 0, i % 2 == 1):  # alternate which kind runs first
+                    t0 = time.perf_counter()
+                    torch.matmul(w, x.T).T if skinny else F.linear(x, w)
+                    if i > 0:
+                        times[skinny].append(time.perf_counter() - t0)
+    return statistics.median(times[True]) < margin * statistics.median(times[False])
+
+
+def choose_linears(model: nn.Module) -> bool:
+    """Swap in ``SkinnyLinear`` where it pays on this CPU (``$TREEWISE_LINEARS``: ``auto``, the default, times it;
+    ``skinny`` or ``stock`` decide); returns whether the model now uses it."""
+    choice = os.environ.get(LINEARS_ENV, "auto").strip().lower()
+    if choice not in ("auto", "skinny", "stock"):
+        raise TreewiseError(f"${LINEARS_ENV}={choice!r} is not a choice: set it to auto, skinny or stock, or unset it")
+    if choice == "skinny" or (choice == "auto" and skinny_pays(model)):
+        use_skinny_linears(model)
+        return True
+    swap_linears(model, nn.Linear)
+    return False

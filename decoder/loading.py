@@ -12,7 +12,7 @@ from transformers.utils import logging as hf_logging
 
 from .atomic import recover_dir
 from .errors import TreewiseError
-from .kernels import use_skinny_linears
+from .kernels import choose_linears
 from .mapped import output_vocab  # also registers the mapped draft class with AutoModelForCausalLM
 
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
@@ -89,7 +89,7 @@ def _load_model(path: str | Path, device: torch.device, dtype: torch.dtype, trus
                             "folder (config.json + weights) or a reachable hub id") from None
     model = model.to(device).eval()
     if device.type == "cpu":
-        use_skinny_linears(model)  # tree verification's few-row products run 1.5-4x faster (decoder/kernels.py)
+        choose_linears(model)  # few-row products as this CPU runs them faster (decoder/kernels.py)
     return model
 
 

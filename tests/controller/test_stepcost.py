@@ -54,12 +54,12 @@ def test_scales_and_overheads_converge_per_kind_in_profile_units() -> None:
     assert not costs.plain_due()
     assert costs.plain_scale == pytest.approx(0.5 * shrink + 1.0 * (1 - shrink), rel=1e-3)
     assert costs.plain_ms == pytest.approx(1.0 * shrink / costs.plain_scale, rel=1e-3)
-    assert costs.ratio == pytest.approx(1 + shrink * (costs.tree_scale / costs.plain_scale - 1), rel=1e-6)
-    assert costs.ratio > 3.5  # tree steps' forwards run twice the profile, a plain step's half
-    ratio = costs.ratio
-    costs.start()  # a new request keeps what the machine's steps cost, trusted as two steps
-    assert costs.ratio == pytest.approx(1 + 0.5 * (costs.tree_scale / costs.plain_scale - 1), rel=1e-6)
-    assert 1.2 < costs.ratio < ratio and costs.tree_scale < 2.0
+    assert costs.ratio == pytest.approx(4.0, rel=1e-6)  # tree steps' forwards run twice the profile, plain half
+    costs.start()  # a new request keeps what the machine's steps cost, trusted as one step ...
+    assert costs.ratio == 1.0 and costs.tree_scale == pytest.approx(1 + 1 / 3, rel=1e-6)
+    _steps(costs, clock, 1, step_ms=30.0, predicted=10.0, forward=20.0, drafted=True)
+    costs.begin()  # ... until its own first tree step is measured
+    assert costs.ratio == pytest.approx(4.0, rel=1e-6)
     costs.forget()
     assert (costs.tree_scale, costs.plain_scale, costs.ratio, costs.tree_ms, costs.plain_ms) == (1, 1, 1, 0, 0)
 

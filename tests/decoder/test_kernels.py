@@ -9,7 +9,15 @@ from conftest import make_model
 from torch import nn
 
 from treewise.decoder import StaticTree, TreeDecoder
-from treewise.decoder.kernels import SkinnyLinear, swap_linears, use_skinny_linears
+from treewise.decoder.errors import TreewiseError
+from treewise.decoder.kernels import (
+    LINEARS_ENV,
+    SkinnyLinear,
+    choose_linears,
+    skinny_pays,
+    swap_linears,
+    use_skinny_linears,
+)
 
 
 @pytest.mark.parametrize("bias", [False, True])
@@ -51,10 +59,14 @@ def test_swap_keeps_parameters_ties_and_outputs(tokenizer) -> None:
     assert use_skinny_linears(model) == 0  # already swapped: nothing left to do
 
 
-def test_loaded_cpu_models_use_it_and_stay_exact(tiny_pair_dir) -> None:
+@pytest.mark.parametrize("choice", ["skinny", "stock", "auto"])
+def test_loaded_cpu_models_use_the_chosen_kind_and_stay_exact(tiny_pair_dir, monkeypatch, choice: str) -> None:
+    monkeypatch.setenv(LINEARS_ENV, choice)
     dec = TreeDecoder.from_pretrained(tiny_pair_dir / "target", tiny_pair_dir / "draft", device="cpu")
     for model in (dec.target, dec.draft):
-        assert any(isinstance(m, SkinnyLinear) for m in model.modules())
+        skinny = any(isinstance(m, SkinnyLinear) for m in model.modules())
+        assert skinny == (choice == "skinny") or choice == "auto"
+        assert not (skinny and any(type(m) is nn.Linear for m in model.modules()))  # one kind throughout
     for prompt in ("hello there", "abc abc abc", "the cat"):
         tree = dec.generate(prompt, max_new_tokens=16, tree=StaticTree(2, 3))
         assert tree.token_ids == dec.generate_plain(prompt, max_new_tokens=16).token_ids
@@ -70,3 +82,17 @@ def test_swap_back_to_stock(tokenizer) -> None:
     assert all(type(m) is not SkinnyLinear for m in model.modules())
     with torch.inference_mode():
         assert torch.equal(model(ids).logits, want)  # the very modules it started with, bit for bit
+
+
+def test_choice_follows_the_timing_and_the_override(monkeypatch) -> None:
+    model = make_model("llama", 2, layers=2)
+    monkeypatch.setenv(LINEARS_ENV, "auto")
+    assert isinstance(skinny_pays(model), bool)  # a timing: either answer is right on some CPU
+    assert choose_linears(model) == any(isinstance(m, SkinnyLinear) for m in model.modules())
+    monkeypatch.setenv(LINEARS_ENV, "stock")
+    assert not choose_linears(model) and not any(isinstance(m, SkinnyLinear) for m in model.modules())
+    monkeypatch.setenv(LINEARS_ENV, "Skinny ")
+    assert choose_linears(model) and not any(type(m) is nn.Linear for m in model.modules())
+    monkeypatch.setenv(LINEARS_ENV, "fast")
+    with pytest.raises(TreewiseError, match="auto, skinny or stock"):
+        choose_linears(model)
