@@ -5,8 +5,8 @@ forwards (drafting bookkeeping, the policy, verification, cache compaction: per 
 batch), and another machine or a busy one changes the forwards' costs unevenly: a host with faster memory
 runs a one-token forward far faster while a tree's forward, which computes more, gains less; a busy one
 slowed a one-token forward 21x and a tree's 16x (docs/benchmarks.md), each kind by its own factor. Each
-step, the decoder reports how long its forwards took (``StepOutcome.forward_ms``) and the policy's clock gives the whole step (root plan to root plan), so the
-policy learns, separately for tree steps and plain steps:
+step, the decoder reports how long its forwards took (``StepOutcome.forward_ms``) and the policy's clock
+gives the whole step (root plan to root plan), so the policy learns, separately for tree steps and plain steps:
 
 - the scale: measured forwards over the profile's (``tree_scale``, ``plain_scale``); their quotient ``ratio``
   says how much dearer a tree step's forwards are, against a plain step's, than the profile thinks;
