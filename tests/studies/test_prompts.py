@@ -12,6 +12,7 @@ from treewise.studies.shared.suites import load_suite
 
 DATA = Path(__file__).resolve().parents[2] / "data"
 DOMAINS = ("code", "math", "logic", "dialogue", "knowledge", "creative", "structured", "instruction")
+SUITES = (*DOMAINS, "copy")  # copy.jsonl: a 40-prompt benchmark suite, checked in test_copy_suite.py
 
 
 @pytest.fixture(scope="module")
@@ -21,8 +22,8 @@ def prompts():
 
 def test_every_domain_has_enough_prompts(prompts):
     counts = Counter(p.domain for p in prompts)
-    assert set(counts) == set(DOMAINS)
-    assert all(n >= 60 for n in counts.values()), counts
+    assert set(counts) == set(SUITES)
+    assert all(counts[d] >= 60 for d in DOMAINS), counts
     for p in prompts:
         assert p.split in ("train", "tune", "test") and p.source and p.prompt.strip()
         assert p.id.startswith(p.domain + "-")
@@ -68,7 +69,7 @@ def test_demo_picks_two_test_prompts_per_domain_from_distinct_sources(prompts, m
     monkeypatch.delenv("TREEWISE_DATA")
     assert data_dir() == DATA
     chosen = pick_prompts([p for p in prompts if p.split == "test"], 2)
-    assert Counter(p.domain for p in chosen) == {d: 2 for d in DOMAINS}
+    assert Counter(p.domain for p in chosen) == {d: 2 for d in SUITES}
     for domain in DOMAINS:
         sources = {p.source.split(":")[0] for p in chosen if p.domain == domain}
         assert len(sources) == 2, domain
