@@ -11,6 +11,7 @@ from .domains import (
     DomainTraining,
     train_domain_classifier,
 )
+from .hybrid import Hybrid
 from .latency import LatencyProfile, load_or_measure, measure_latency
 from .learned import AcceptanceModel, LearnedTree
 from .policies import ConfidenceTree, DynamicChain, refit_threshold
@@ -19,7 +20,8 @@ from .rerank import LearnedRerank
 __all__ = [
     "AcceptanceModel", "BudgetError", "BudgetedTree", "BudgetsFile", "ConfidenceTree", "DomainBudget",
     "DomainClassifier", "DomainClassifierConfig", "DomainClassifierError", "DomainReport", "DomainTraining",
-    "DynamicChain", "LatencyProfile", "LearnedRerank", "LearnedTree", "Provenance", "load_budgets", "load_or_measure",
+    "DynamicChain", "Hybrid", "LatencyProfile", "LearnedRerank", "LearnedTree", "Provenance",
+    "load_budgets", "load_or_measure",
     "measure_latency", "policy_from_budget", "refit_threshold", "save_budgets", "static_from_budget",
     "train_domain_classifier",
 ]

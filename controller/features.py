@@ -65,7 +65,10 @@ def raw_step_scalars(f: Frontier, c: RequestFeatures) -> tuple[float, ...]:
 # The per-level sources the level writes, in the order of ``FeatureLayout.cols`` (-1: the model does not read it).
 SOURCES = ("sibling_rank", "draft_logprob", "draft_entropy", "draft_margin", "path_logprob", "parent_draft_prob",
            "token_id", "token_type", "parent_margin", "parent_entropy", "depth", "position")
-FILLED = frozenset({"domain", *SOURCES, *STEP_SCALARS})
+# What the draft model's own candidates hold in the lookup columns (decoder.merge): the same in every row, so
+# the request's template row carries them and the level never writes them.
+DRAFT_ONLY: dict[str, float] = {"lookup_prob": math.nan, "lookup_count": 0.0, "match_len": 0.0}
+FILLED = frozenset({"domain", "source", *DRAFT_ONLY, *SOURCES, *STEP_SCALARS})
 
 
 def _codes(model: object, feature: str, values: tuple[str, ...]) -> list[int] | None:
@@ -104,11 +107,17 @@ class FeatureLayout:
         template = np.zeros(len(names), dtype=np.float64)
         if "domain" in names:  # an unseen domain is a missing value, as in training
             template[names.index("domain")] = domains[0] if domains is not None and domains[0] >= 0 else math.nan
+        sources = _codes(model, "source", ("draft",)) if "source" in names else None
+        if "source" in names:
+            template[names.index("source")] = sources[0] if sources is not None and sources[0] >= 0 else math.nan
+        for name, value in DRAFT_ONLY.items():
+            if name in names:
+                template[names.index(name)] = value
         cols = [names.index(n) if n in names else -1 for n in SOURCES]
         step_map = [(names.index(n), STEP_SCALARS.index(n), _kind(n) == np.float32) for n in names
                     if n in STEP_SCALARS]
         coded = (isinstance(model, MatrixAcceptanceModel) and ("token_type" not in names or types is not None)
-                 and ("domain" not in names or domains is not None))
+                 and ("domain" not in names or domains is not None) and ("source" not in names or sources is not None))
         return cls(names, np.asarray(cols, dtype=np.int64), np.asarray(step_map, dtype=np.int64).reshape(-1, 3),
                    np.asarray([c if c >= 0 else math.nan for c in types] if types is not None
                               else range(len(TOKEN_TYPES)), dtype=np.float64), template, domain, coded)
@@ -120,6 +129,8 @@ class FeatureLayout:
         for j, name in enumerate(self.names):
             if name == "domain":
                 out[name] = np.full(m, self.domain, dtype=object)
+            elif name == "source":  # the draft's own candidates: code 0 into SOURCES, as numeric_features gives
+                out[name] = np.zeros(m, dtype=np.int64)
             elif name == "token_type":
                 out[name] = x[:m, j].astype(np.int64)
             else:

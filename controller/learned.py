@@ -288,12 +288,16 @@ class LearnedTree:
             self._steps.end(predicted, outcome.forward_ms, drafted, measurable)
         if self.guard is not None:
             self.guard.observe(outcome.verified, outcome.accepted)
-        if self.online is not None and outcome.verified > 0:
+        if self.online is not None and outcome.verified > outcome.extra:
             # The step's tried nodes, labelled by the accepted path, update the request's correction.
             state, cal = r.state, self._calibrator
             state.cal[:] = (*cal.posterior, cal.config.iterations, cal.config.slope_floor)
-            n = r.kernels.observe(state.raw, state.keep, state.parent, state.cal, r.count, outcome.verified,
-                                  np.asarray(outcome.path, dtype=np.int64))
+            # Nodes merged in from other sources come after the draft's own: the draft's tried nodes are the
+            # accepted path's prefix inside its own tree.
+            own = outcome.verified - outcome.extra
+            path = [t for t in outcome.path if t <= own]
+            n = r.kernels.observe(state.raw, state.keep, state.parent, state.cal, r.count, own,
+                                  np.asarray(path, dtype=np.int64))
             if n > 0:
                 cal.absorb(state.cal[:5].tolist(), n)
 

@@ -4,6 +4,8 @@ from .arena import ArenaCache
 from .draft import DraftContext, DraftResult, draft_tree
 from .engine import DEFAULTS, DecodeConfig, TreeDecoder
 from .errors import TreewiseError
+from .lookup import LookupConfig, LookupIndex, LookupSource, LookupTree, SuffixStore
+from .merge import Proposer, merge_lookup
 from .nodelog import (
     FEATURE_COLUMNS,
     LABEL_COLUMNS,
@@ -33,8 +35,10 @@ from .verify import Acceptance, Sampling, Verifier, VerifyInput, verify, verify_
 __all__ = [
     "DEFAULTS", "FEATURE_COLUMNS", "LABEL_COLUMNS", "SCHEMA", "SCHEMA_VERSION", "TOKEN_TYPES", "Acceptance",
     "ArenaCache", "Candidates", "Chain", "DecodeConfig", "DraftContext", "DraftResult", "DraftTree", "Frontier",
-    "GenerationResult", "GenerationStats", "LevelPlan", "NoDraft", "NodeLogError", "NodeLogWriter", "RequestInfo",
-    "Sampling", "StageTimes", "StaticTree", "StepOutcome", "StepStats", "TreeDecoder", "TreePolicy", "TreewiseError",
-    "Verifier", "VerifyInput", "chain_then_tree", "draft_tree", "read_node_logs", "top_k_mask",
+    "GenerationResult", "GenerationStats", "LevelPlan", "LookupConfig", "LookupIndex", "LookupSource",
+    "LookupTree", "NoDraft", "NodeLogError", "NodeLogWriter", "Proposer", "RequestInfo",
+    "Sampling", "StageTimes", "StaticTree", "StepOutcome", "StepStats", "SuffixStore", "TreeDecoder", "TreePolicy",
+    "TreewiseError",
+    "Verifier", "VerifyInput", "chain_then_tree", "draft_tree", "merge_lookup", "read_node_logs", "top_k_mask",
     "tree_attention_mask", "verify", "verify_greedy",
 ]

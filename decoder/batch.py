@@ -75,7 +75,7 @@ def decode_batch(dec: StepCore, requests: list[_Request], runs: list[_Run], max_
         _step(dec, active, target, draft)
         done = [row for row in active if row.req.finish is not None]
         for row in done:
-            _close(row)
+            _close(dec, row)
             out[row.index] = row.stats
             if on_finish is not None:
                 on_finish(row.index, row.stats)
@@ -103,8 +103,11 @@ def _step(dec: StepCore, active: list[_Row], target: BatchCache, draft: BatchCac
     t0 = time.perf_counter()
     timing = _Timing()
     ctxs = [dec._context(row.req, len(row.stats.steps), row.run, len(active)) for row in active]
+    for row, ctx in zip(active, ctxs, strict=True):
+        dec._propose(row.req, row.run, ctx)
     drafters, drafts = _draft_all(dec, active, ctxs, draft, timing)
-    drafts = _common_cap(active, drafters, drafts)
+    drafts = [dec._merged(row.run, ctx, dr) for row, ctx, dr in zip(active, ctxs, _common_cap(active, drafters, drafts),
+                                                                     strict=True)]
     feeds: list[Feed | None] = [dec._tree_feed(row.req, dr.tree, target.committed_len(i))
                                 for i, (row, dr) in enumerate(zip(active, drafts, strict=True))]
     t1 = time.perf_counter()
@@ -113,7 +116,7 @@ def _step(dec: StepCore, active: list[_Row], target: BatchCache, draft: BatchCac
     accs, emitted = [], []
     for row, ctx, dr, lg in zip(active, ctxs, drafts, logits, strict=True):
         acc = dec.verifier(VerifyInput(dr.tree, lg, row.run.sampling, row.run.draft_mode, dr.draft_probs,
-                                       row.run.generator))
+                                       row.run.generator, dr.fixed_from if dr.extra else None))
         out, log_rows = dec._settle(row.req, row.run, ctx, dr, lg, acc, 1e3 * (timing.draft_s + timing.verify_s))
         if log_rows is not None:
             row.log_rows.append(log_rows)
@@ -179,8 +182,9 @@ def _advance(gen: DraftFeeds, logits: torch.Tensor | None, results: list[DraftRe
         return None
 
 
-def _close(row: _Row) -> None:
+def _close(dec: StepCore, row: _Row) -> None:
     row.stats.total_s = time.perf_counter() - row.t0
+    dec._ended(row.req, row.run)
     if row.run.log is not None:
         for rows in row.log_rows:
             row.run.log.add_step(rows)

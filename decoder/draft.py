@@ -31,6 +31,12 @@ class DraftResult:
     policy_s: float  # time in the policy's plan calls
     forwards: int
     model_s: float = 0.0  # the part of forward_s inside the stock model calls
+    extra: int = 0  # nodes merged in from other sources (decoder.merge), appended after the draft's own
+
+    @property
+    def fixed_from(self) -> int:
+        """Tree index of the first node another source proposed (deterministic candidates, decoder.merge)."""
+        return self.tree.size - self.extra
 
 
 class DraftProbs(Mapping[int, torch.Tensor]):

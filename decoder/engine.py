@@ -122,6 +122,7 @@ class TreeDecoder(StepCore):
         while req.finish is None:
             stats.steps.append(self._step(req, run, len(stats.steps)))
         stats.total_s = time.perf_counter() - start
+        self._ended(req, run)
         if run.log is not None:
             run.log.end_request()
         return stats
@@ -130,13 +131,15 @@ class TreeDecoder(StepCore):
         """One step: draft -> verify -> accept -> cache update, timed by stage."""
         t0 = time.perf_counter()
         ctx = self._context(req, step, run)
-        dr = draft_tree(self.draft, req.draft_cache, req.seq, run.policy, ctx, run.sampling, run.draft_mode,
-                        self.vocab, run.generator, self.draft_layout, self.draft_dtype)
+        self._propose(req, run, ctx)
+        dr = self._merged(run, ctx, draft_tree(self.draft, req.draft_cache, req.seq, run.policy, ctx, run.sampling,
+                                               run.draft_mode, self.vocab, run.generator, self.draft_layout,
+                                               self.draft_dtype))
         t1 = time.perf_counter()
         fwd = self._target_forward(req, dr.tree)
         t2 = time.perf_counter()
         acc = self.verifier(VerifyInput(dr.tree, fwd.logits, run.sampling, run.draft_mode, dr.draft_probs,
-                                        run.generator))
+                                        run.generator, dr.fixed_from if dr.extra else None))
         t3 = time.perf_counter()
         emitted, rows = self._settle(req, run, ctx, dr, fwd.logits, acc, 1e3 * (dr.model_s + fwd.model_s))
         if rows is not None:
@@ -154,11 +157,12 @@ class TreeDecoder(StepCore):
 
     @torch.inference_mode()
     def generate_plain(self, prompt: str | list[int], max_new_tokens: int = DEFAULTS.max_new_tokens,
-                       assistant: PreTrainedModel | None = None) -> GenerationResult:
+                       assistant: PreTrainedModel | None = None, prompt_lookup: int | None = None) -> GenerationResult:
         """The target's own greedy decoding through ``model.generate``: the reference and the baseline.
 
-        With ``assistant`` (usually ``self.draft``) it is Hugging Face's assisted generation instead, whose
-        target calls are not observable: its stats then hold the wall time only.
+        With ``assistant`` (usually ``self.draft``) it is Hugging Face's assisted generation instead, with
+        ``prompt_lookup`` its prompt lookup decoding (that many candidate tokens copied from the prompt); the
+        target calls of either are not observable: its stats then hold the wall time only.
         """
         ids = self._encode(prompt, max_new_tokens)
         inp = torch.tensor([ids], device=self.device)
@@ -166,12 +170,13 @@ class TreeDecoder(StepCore):
         start = time.perf_counter()
         out = self.target.generate(inp, attention_mask=torch.ones_like(inp), do_sample=False,
                                    max_new_tokens=min(max_new_tokens, room), pad_token_id=self._pad_id(),
-                                   assistant_model=assistant)
+                                   assistant_model=assistant, prompt_lookup_num_tokens=prompt_lookup)
         elapsed = time.perf_counter() - start
         new = out[0, len(ids):].tolist()
         finish: FinishReason = "eos" if new and new[-1] in self.eos_ids else (
             "length" if len(new) >= max_new_tokens else "context")
-        steps = [] if assistant is not None else [StepStats(0, 0, 0, 1, 0, 0.0, 0.0, 0.0)] * len(new)
+        hidden = assistant is not None or prompt_lookup is not None
+        steps = [] if hidden else [StepStats(0, 0, 0, 1, 0, 0.0, 0.0, 0.0)] * len(new)
         stats = GenerationStats(steps=steps, total_s=elapsed)
         return GenerationResult(self.tokenizer.decode(new, skip_special_tokens=True), new, ids, finish, stats)
 

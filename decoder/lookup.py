@@ -155,9 +155,10 @@ class LookupIndex:
         """Distinct n-grams indexed (a memory measure)."""
         return len(self._grams)
 
-    def propose(self, context: Sequence[int], max_nodes: int | None = None,
-                max_depth: int | None = None) -> LookupTree:
-        """The tree of what followed the longest suffix of ``context`` seen before (empty if none was)."""
+    def propose(self, context: Sequence[int], max_nodes: int | None = None, max_depth: int | None = None,
+                leave_out: int | None = None) -> LookupTree:
+        """The tree of what followed the longest suffix of ``context`` seen before (empty if none was); occurrences
+        in document ``leave_out`` do not count."""
         cfg = self.config
         max_nodes = cfg.max_nodes if max_nodes is None else max_nodes
         max_depth = cfg.max_depth if max_depth is None else max_depth
@@ -165,8 +166,9 @@ class LookupIndex:
             return empty_tree()
         for n in range(min(cfg.max_match, len(context)), cfg.min_match - 1, -1):
             slot = self._grams.get(tuple(int(t) for t in context[len(context) - n :]))
-            if slot:
-                return self._grow(list(slot), n, max_nodes, max_depth)
+            where = [p for p in slot if p[0] != leave_out] if slot else []
+            if where:
+                return self._grow(where, n, max_nodes, max_depth)
         return empty_tree()
 
     def _grow(self, where: list[Position], match: int, max_nodes: int, max_depth: int) -> LookupTree:
@@ -200,3 +202,75 @@ class LookupIndex:
             counts=np.array([counts[i] for i in keep], dtype=np.int64),
             depth=np.array([depth_of[i] for i in keep], dtype=np.int64),
             match=match, occurrences=len(where))
+
+
+class SuffixStore:
+    """Earlier requests' outputs, one ``LookupIndex`` per domain, shared by every request that holds this store
+    (the cross-request source of SuffixDecoding): a finished request's output is kept as a closed document,
+    the oldest evicted past ``LookupConfig.max_tokens`` per domain.
+
+    Outputs are keyed by their prompt: a prompt's latest output replaces its earlier one, and with
+    ``leave_out_same=True`` (the default) a request never looks up outputs of its own prompt, so a benchmark
+    that repeats prompts measures what other requests' outputs give (a server whose users repeat requests
+    word for word may set it False and copy their earlier answers)."""
+
+    def __init__(self, config: LookupConfig | None = None, leave_out_same: bool = True) -> None:
+        self.config = config or LookupConfig()
+        self.leave_out_same = leave_out_same
+        self._by_domain: dict[str, LookupIndex] = {}
+        self._doc_of: dict[tuple[str, str], int] = {}  # (domain, prompt key) -> its latest output's document
+
+    def index(self, domain: str) -> LookupIndex:
+        found = self._by_domain.get(domain)
+        if found is None:
+            found = self._by_domain[domain] = LookupIndex(self.config)
+        return found
+
+    def add(self, domain: str, key: str, tokens: Sequence[int]) -> None:
+        """Keep one finished output of the prompt ``key`` for later requests of ``domain``."""
+        index = self.index(domain)
+        old = self._doc_of.pop((domain, key), None)
+        if old is not None:
+            index.drop(old)
+        if len(tokens):
+            doc = self._doc_of[(domain, key)] = index.open(tokens)
+            index.close(doc)
+
+    def propose(self, domain: str, key: str, context: Sequence[int], max_nodes: int, max_depth: int) -> LookupTree:
+        leave_out = self._doc_of.get((domain, key)) if self.leave_out_same else None
+        return self.index(domain).propose(context, max_nodes, max_depth, leave_out)
+
+    @property
+    def tokens(self) -> int:
+        return sum(index.tokens for index in self._by_domain.values())
+
+
+class LookupSource:
+    """One request's free candidates: its own prompt and output so far and, with a ``store``, earlier requests'
+    outputs of its domain. ``propose`` indexes the tokens committed since its last call, then returns the tree
+    of the longer match of the two (the request's own on a tie)."""
+
+    def __init__(self, config: LookupConfig, store: SuffixStore | None, domain: str, key: str,
+                 prompt_len: int) -> None:
+        self.own = LookupIndex(config)
+        self.doc = self.own.open()
+        self.store, self.domain, self.key, self.prompt_len = store, domain, key, prompt_len
+        self.seen: list[int] = []  # the tokens indexed so far (the request's sequence)
+
+    def propose(self, seq: Sequence[int], max_nodes: int, max_depth: int) -> LookupTree:
+        new = [int(t) for t in seq[len(self.seen):]]
+        if new:
+            self.own.extend(self.doc, new)
+            self.seen.extend(new)
+        tree = self.own.propose(self.seen, max_nodes, max_depth)
+        if self.store is not None:
+            shared = self.store.propose(self.domain, self.key, self.seen, max_nodes, max_depth)
+            if shared.match > tree.match:
+                tree = shared
+        return tree
+
+    def end(self, seq: Sequence[int]) -> None:
+        """The request finished with ``seq`` (prompt and output): its output joins the store for later requests."""
+        if self.store is not None:
+            self.store.add(self.domain, self.key, [int(t) for t in seq[self.prompt_len:]])
+        self.own.drop(self.doc)

@@ -32,6 +32,9 @@ TOKEN_TYPES: tuple[str, ...] = (
     "special",
 )
 
+# Who proposed a node, by code (decoder.merge): the draft model, a lookup source alone, or both.
+SOURCES: tuple[str, ...] = ("draft", "lookup", "both")
+
 # Columns known before the verify pass: what a predictor may use as features.
 FEATURE_COLUMNS: dict[str, pa.DataType] = {
     "run_id": pa.string(),
@@ -54,7 +57,15 @@ FEATURE_COLUMNS: dict[str, pa.DataType] = {
     "running_accept_rate": pa.float32(),  # conditional acceptance of this request's earlier steps, NaN at step 0
     "prev_accepted": pa.int16(),  # draft tokens accepted in the previous step, -1 at step 0
     "temperature": pa.float32(),
+    # Who proposed the node (decoder.merge): "draft", "lookup" (a free candidate alone) or "both". A lookup
+    # node's draft columns are NaN (rank -1) where the draft never expanded its parent.
+    "source": pa.string(),
+    "lookup_prob": pa.float32(),  # share of the matched occurrences continuing with it given its parent; NaN
+    "lookup_count": pa.int32(),  # matched occurrences continuing with its path; 0 for the draft's alone
+    "match_len": pa.int16(),  # tokens of the context's suffix the lookup matched; 0 for the draft's alone
 }
+# Added after files of this schema version were written: read from older files as these values.
+ADDED_COLUMNS: dict[str, object] = {"source": "draft", "lookup_prob": float("nan"), "lookup_count": 0, "match_len": 0}
 
 # Columns from the verify pass: labels.
 LABEL_COLUMNS: dict[str, pa.DataType] = {
@@ -186,7 +197,12 @@ def _read_part(f: Path) -> pa.Table:
             "re-collect the logs with this version"
         )
     try:
-        return pq.read_table(f, schema=SCHEMA)
+        present = set(pq.read_schema(f).names)
+        table = pq.read_table(f, columns=[n for n in SCHEMA.names if n in present])
+        for name, value in ADDED_COLUMNS.items():
+            if name not in present:
+                table = table.append_column(name, pa.array([value] * table.num_rows, SCHEMA.field(name).type))
+        return table.select(SCHEMA.names).cast(SCHEMA)
     except (pa.ArrowException, OSError) as err:
         raise NodeLogError(f"{f}: corrupt node-log parquet file ({_first_line(err)}); {_FIX}") from None
 

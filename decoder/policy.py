@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from .errors import TreewiseError
-from .nodelog import NUMPY_TYPES, TOKEN_TYPES, feature_columns
+from .nodelog import NUMPY_TYPES, SOURCES, TOKEN_TYPES, feature_columns
 
 _TYPE_NAMES = np.asarray(TOKEN_TYPES, dtype=object)
 # The per-candidate columns of a Frontier, by field name.
@@ -127,8 +127,8 @@ class Frontier(_CandidateViews):
                                   prev_accepted=self.prev_accepted, temperature=self.temperature)
 
     def numeric_features(self) -> dict[str, np.ndarray]:
-        """``features()`` without object arrays, for a predictor's hot path: ``token_type`` as integer codes
-        into ``TOKEN_TYPES`` and no ``domain`` (the caller adds its own code)."""
+        """``features()`` without object arrays, for a predictor's hot path: ``token_type`` and ``source`` as
+        integer codes into ``TOKEN_TYPES`` and ``SOURCES`` and no ``domain`` (the caller adds its own code)."""
         m = self.size
         c = self.columns
         tokens = c["tokens"]
@@ -139,8 +139,11 @@ class Frontier(_CandidateViews):
                    "running_accept_rate": self.running_accept_rate, "prev_accepted": self.prev_accepted,
                    "temperature": self.temperature}
         # Scalars in the node log's types (training saw float32 rates).
+        # A frontier holds the draft model's candidates: the lookup columns of the draft's alone, ``source`` as
+        # its code into SOURCES (as token_type's into TOKEN_TYPES).
+        scalars |= {"lookup_prob": np.nan, "lookup_count": 0, "match_len": 0}
         return {name: np.full(m, v, dtype=NUMPY_TYPES[name]) for name, v in scalars.items()} | {
-            "token_id": tokens, "token_type": types,
+            "source": np.zeros(m, dtype=np.int64), "token_id": tokens, "token_type": types,
             **{n: c[n] for n in ("sibling_rank", "draft_logprob", "draft_entropy", "draft_margin", "path_logprob",
                                  "parent_draft_prob")},
         }
@@ -179,7 +182,21 @@ def candidate_features(c: Frontier | Candidates, depth: np.ndarray, token_type: 
         "path_logprob": c.columns["path_logprob"], "parent_draft_prob": c.columns["parent_draft_prob"],
         "position": position + depth - 1, "prompt_len": prompt_len,
         "running_accept_rate": running_accept_rate, "prev_accepted": prev_accepted, "temperature": temperature,
+        **_lookup_features(c),
     })
+
+
+_SOURCE_NAMES = np.asarray(SOURCES, dtype=object)
+
+
+def _lookup_features(c: Frontier | Candidates) -> dict[str, object]:
+    """Who proposed each candidate and what the lookup knew of it (decoder.merge); a frontier, and a step the
+    draft model alone drafted, hold the draft's candidates only."""
+    cols = c.columns
+    if "source" not in cols:
+        return {"source": "draft", "lookup_prob": np.nan, "lookup_count": 0, "match_len": 0}
+    return {"source": _SOURCE_NAMES[cols["source"]], "lookup_prob": cols["lookup_prob"],
+            "lookup_count": cols["lookup_count"], "match_len": cols["match_len"]}
 
 
 @dataclass(frozen=True)
@@ -236,6 +253,7 @@ class StepOutcome:
     tried: int  # verified nodes whose parent was accepted
     path: tuple[int, ...] = ()  # tree indices of the accepted nodes, root (0) excluded, in order
     forward_ms: float = float("nan")  # the step's model forwards, draft and target, as measured (a batch: shared)
+    extra: int = 0  # verified nodes another source proposed (decoder.merge): the last ``extra`` tree indices
 
 
 @runtime_checkable

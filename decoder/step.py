@@ -23,6 +23,7 @@ from .kvcache import Feed, SoloCache
 from .loading import check_pair
 from .logrows import RowMeta, step_rows
 from .mapped import output_vocab
+from .merge import Proposer, merge_lookup
 from .nodelog import NodeLogWriter
 from .policy import StepOutcome, TreePolicy
 from .results import FinishReason, GenerationResult, GenerationStats
@@ -86,6 +87,10 @@ class _Run:
     run_id: str
     log: NodeLogWriter | None
     stream: Callable[[list[int]], None] | None = None
+    proposer: Proposer | None = field(init=False, default=None)  # the policy, when it proposes free candidates
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "proposer", self.policy if isinstance(self.policy, Proposer) else None)
 
 
 class StepCore:
@@ -128,9 +133,27 @@ class StepCore:
         on_path = set(acc.path)
         tried = sum(1 for parent in dr.tree.parents.tolist()[1:] if parent in on_path)  # no torch slice op
         run.policy.observe(StepOutcome(ctx.step, dr.tree.size - 1, acc.accepted, tried, tuple(acc.path[1:]),
-                                       forward_ms))
+                                       forward_ms, dr.extra))
         req.tried, req.accepted, req.prev_accepted = req.tried + tried, req.accepted + acc.accepted, acc.accepted
         return emitted, rows
+
+    @staticmethod
+    def _propose(req: _Request, run: _Run, ctx: DraftContext) -> None:
+        """Before drafting: a proposing policy looks up the step's free candidates."""
+        if run.proposer is not None:
+            run.proposer.propose(req.seq.numpy() if req.seq.is_cpu else req.seq.cpu().numpy(), ctx)
+
+    @staticmethod
+    def _merged(run: _Run, ctx: DraftContext, dr: DraftResult) -> DraftResult:
+        """After drafting: the proposing policy's free candidates merged into the drafted tree."""
+        if run.proposer is None:
+            return dr
+        return merge_lookup(dr, run.proposer.proposals(dr), run.draft_mode, ctx.max_depth)
+
+    @staticmethod
+    def _ended(req: _Request, run: _Run) -> None:
+        if run.proposer is not None:
+            run.proposer.end(req.seq.cpu().numpy())
 
     def _context(self, req: _Request, step: int, run: _Run, batch: int = 1) -> DraftContext:
         room = self.context - req.seq.numel() - 1  # positions left after the bonus token

@@ -75,6 +75,9 @@ class VerifyInput:
     # Draft distributions at expanded nodes (tree index -> [V]); needed by the ``sampled`` rule only.
     draft_probs: Mapping[int, torch.Tensor] = field(default_factory=dict)
     generator: torch.Generator | None = None
+    # Nodes from this index on are deterministic proposals of another source (decoder.merge): under the
+    # ``sampled`` rule they are tried first, by the ``topk`` rule, before the draft's i.i.d. samples.
+    fixed_from: int | None = None
 
 
 @dataclass(frozen=True)
@@ -100,7 +103,7 @@ def verify(inp: VerifyInput) -> Acceptance:
     if inp.draft_mode == "topk":
         return _verify_walk(inp, _try_topk)
     if inp.draft_mode == "sampled":
-        return _verify_walk(inp, _try_sampled)
+        return _verify_walk(inp, _try_sampled, inp.fixed_from)
     raise TreewiseError(f"unknown draft mode {inp.draft_mode!r}: use 'topk' or 'sampled'")
 
 
@@ -185,10 +188,15 @@ def _try_sampled(residual: torch.Tensor, token: int, q: torch.Tensor | None) -> 
     return prob, torch.clamp(r - q, min=0.0)
 
 
-def _verify_walk(inp: VerifyInput, try_child: TryRule) -> Acceptance:
+def _verify_walk(inp: VerifyInput, try_child: TryRule, fixed_from: int | None = None) -> Acceptance:
+    """Walk down from the root, trying each node's children in turn; with ``fixed_from``, the children from
+    that index on (fixed proposals) go first and by the ``topk`` rule: rejecting them leaves the residual the
+    target's distribution without their tokens, which the sampled children are then judged against."""
     tree = inp.tree
     probs = inp.sampling.probs(inp.target_logits)  # [n, V]
     kids = _children(tree)
+    if fixed_from is not None and fixed_from < tree.size:
+        kids = [[k for k in ks if k >= fixed_from] + [k for k in ks if k < fixed_from] for ks in kids]
     tokens = tree.tokens.tolist()
     accept_prob = torch.full((tree.size,), float("nan"))
     gen = inp.generator
@@ -199,7 +207,8 @@ def _verify_walk(inp: VerifyInput, try_child: TryRule) -> Acceptance:
         q = q.double().cpu() if q is not None else None
         moved = False
         for child in kids[node]:
-            prob, rejected = try_child(residual, tokens[child], q)
+            rule = _try_topk if fixed_from is not None and child >= fixed_from else try_child
+            prob, rejected = rule(residual, tokens[child], q)
             accept_prob[child] = prob
             if float(torch.rand((), generator=gen, dtype=torch.float64)) < prob:
                 node, moved = child, True

@@ -42,6 +42,10 @@ DEFAULT_FEATURES: tuple[str, ...] = (
     "recent_accept_rate",
     "parent_margin",
     "parent_entropy",
+    "source",
+    "lookup_prob",
+    "lookup_count",
+    "match_len",
 )
 
 # Groups dropped together in the ablation study (each is one question: does this information help?).
@@ -57,6 +61,7 @@ FEATURE_GROUPS: dict[str, tuple[str, ...]] = {
     "path": ("path_logprob", "parent_draft_prob"),
     "token_type": ("token_type",),
     "token_id": ("token_id",),
+    "lookup": ("source", "lookup_prob", "lookup_count", "match_len"),
 }
 
 

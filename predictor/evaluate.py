@@ -36,10 +36,12 @@ class ScoredMetrics:
     per_domain: dict[str, BinaryMetrics]
     note: str = ""
     extra: dict[str, float] = field(default_factory=dict)
+    per_source: dict[str, BinaryMetrics] = field(default_factory=dict)  # who proposed the node (decoder.merge)
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = self.overall.to_dict()
         out["per_domain"] = {d: m.to_dict() for d, m in self.per_domain.items()}
+        out["per_source"] = {s: m.to_dict() for s, m in self.per_source.items()}
         out.update(self.extra)
         if self.note:
             out["note"] = self.note
@@ -126,14 +128,14 @@ def _nan_to_none(d: dict[str, Any]) -> dict[str, Any]:
 
 def scored(scores: np.ndarray, rows: NodeRows, labels: np.ndarray, is_probability: bool = True,
            note: str = "", extra: dict[str, float] | None = None) -> ScoredMetrics:
-    """Metrics of one scorer overall and per domain (AUC on the hard label, the rest on ``labels``)."""
-    dom = rows.columns["domain"]
-    per_domain = {
-        d: binary_metrics(scores[dom == d], labels[dom == d], rows.hard[dom == d], is_probability)
-        for d in sorted(set(dom.tolist()))
-    }
+    """Metrics of one scorer overall, per domain and per source (AUC on the hard label, the rest on ``labels``)."""
+    def per(column: str) -> dict[str, BinaryMetrics]:
+        values = rows.columns[column]
+        return {v: binary_metrics(scores[values == v], labels[values == v], rows.hard[values == v], is_probability)
+                for v in sorted(set(values.tolist()))}
+
     overall = binary_metrics(scores, labels, rows.hard, is_probability)
-    return ScoredMetrics(overall, per_domain, note, extra or {})
+    return ScoredMetrics(overall, per("domain"), note, extra or {}, per("source"))
 
 
 def _masks(predictor: AcceptancePredictor, rows: NodeRows) -> SplitMasks:

@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from treewise.decoder.errors import TreewiseError
-from treewise.decoder.nodelog import FEATURE_COLUMNS, SCHEMA_VERSION, TOKEN_TYPES
+from treewise.decoder.nodelog import FEATURE_COLUMNS, SCHEMA_VERSION, SOURCES, TOKEN_TYPES
 from treewise.predictor.derived import DERIVED_COLUMNS, derived_columns
 
 FEATURE_SCHEMA_VERSION = "1"
@@ -83,12 +83,14 @@ def build_schema(table: pa.Table, names: list[str]) -> FeatureSchema:
 
 def schema_from_columns(columns: Mapping[str, np.ndarray], names: list[str]) -> FeatureSchema:
     """As ``build_schema``, from numpy columns: a categorical's categories are the values these rows hold
-    (all ``TOKEN_TYPES`` for the token type), so a domain absent from them is a missing value."""
+    (all ``TOKEN_TYPES`` for the token type, all ``SOURCES`` for the source), so a domain absent from them is a
+    missing value."""
     specs = []
     for name in names:
         dtype = ALL_FEATURE_COLUMNS[name]
         if pa.types.is_string(dtype):
-            cats = list(TOKEN_TYPES) if name == "token_type" else sorted(
+            fixed = {"token_type": TOKEN_TYPES, "source": SOURCES}.get(name)
+            cats = list(fixed) if fixed is not None else sorted(
                 {v for v in np.asarray(columns[name]).tolist() if v is not None}
             )
             specs.append(FeatureSpec(name, str(dtype), "categorical", cats))

@@ -119,6 +119,8 @@ def _request(rng: np.random.Generator, tree: _Tree, spec: SyntheticSpec, domain:
             running_accept_rate=np.full(n, accepted_sum / attempts_sum if attempts_sum else math.nan),
             prev_accepted=np.full(n, prev),
             token_type=np.asarray([TOKEN_TYPES[t] for t in cols["token_type"]], dtype=object),
+            source=np.full(n, "draft", dtype=object), lookup_prob=np.full(n, math.nan), lookup_count=np.zeros(n),
+            match_len=np.zeros(n),  # a draft model's nodes only
         )
         steps.append(cols)
         accepted_sum += accepted

@@ -59,6 +59,9 @@ def bench(
     only: Annotated[list[str] | None,
                     typer.Option(help="run only these tree rows (repeatable; plain always runs)")] = None,
     no_hf: Annotated[bool, typer.Option("--no-hf", help="skip the HF assisted-generation row")] = False,
+    hf_prompt_lookup: Annotated[int, typer.Option(
+        help="add HF prompt lookup decoding with N candidate tokens (row hf_prompt_lookup; 0 = none)")]
+        = _B.hf_prompt_lookup,
     compare: Annotated[list[str] | None, typer.Option(
         help="A:B compares row A's tokens/s with row B's prompt by prompt, with a 95% bootstrap interval "
              "(repeatable) [default: learned:learned_no_online]")] = None,
@@ -104,6 +107,7 @@ def bench(
         try:
             cfg = BenchConfig(suite=suite, split=split, domains=domain or None, per_domain=per_domain,
                               max_new_tokens=max_new_tokens, repeats=repeats, trees=trees, hf_assisted=not no_hf,
+                              hf_prompt_lookup=hf_prompt_lookup,
                               pair=pair, target=target, draft=draft, compare=compared)
             prompts = select_prompts(cfg)
             open_pair(console, pair, target, draft)  # fetches the real target on first use, says what it borrows

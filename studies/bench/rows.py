@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from treewise.decoder import GenerationResult, TreeDecoder
 from treewise.studies.shared.measure import (
     HF,
+    HF_LOOKUP,
     PLAIN,
     BenchConfig,
     BenchResult,
@@ -52,6 +53,9 @@ def build_runners(dec: TreeDecoder, cfg: BenchConfig) -> _Rows:
     skipped: dict[str, str] = {}
     if cfg.hf_assisted:
         runners[HF] = hf_assisted_runner(dec, cfg)
+    if cfg.hf_prompt_lookup > 0:
+        runners[HF_LOOKUP] = lambda p: dec.generate_plain(p.prompt, cfg.max_new_tokens,
+                                                          prompt_lookup=cfg.hf_prompt_lookup)
     for row, candidates in cfg.trees.items():
         for spec in candidates:
             try:

@@ -62,6 +62,13 @@ def print_evaluation(console: Console, report: dict[str, Any]) -> None:
         console.print(_metrics_table("predictor + online correction per domain (requests replayed in order)",
                                      "domain", report["online"]["per_domain"]))
     console.print(_metrics_table("predictor per depth", "depth", report["per_depth"]))
+    if report.get("per_source"):  # the draft model's nodes, lookup nodes, and nodes both proposed
+        console.print(_metrics_table("predictor per source", "source", report["per_source"]))
+        gain = report.get("importance_gain", {})
+        lookup = {k: gain[k] for k in ("source", "lookup_prob", "lookup_count", "match_len") if k in gain}
+        if lookup:
+            console.print("source features' importance (gain): "
+                          + ", ".join(f"{k} {fmt(v)}" for k, v in lookup.items()))
     auc = Table(title="AUC per domain: predictor vs baselines")
     auc.add_column("domain")
     auc.add_column("predictor", justify="right")

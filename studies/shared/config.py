@@ -49,6 +49,8 @@ class BenchConfig(BaseModel):
     hf_num_assistant_tokens: int = 20
     hf_schedule: str = "constant"
     hf_confidence_threshold: float = 0.4
+    # HF prompt lookup decoding (``prompt_lookup_num_tokens``): candidate tokens per step, 0 = no such row.
+    hf_prompt_lookup: int = 0
 
 
 class ProfileConfig(BaseModel):

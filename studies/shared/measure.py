@@ -26,7 +26,7 @@ from .config import BenchConfig
 from .pairs import load_pair_decoder, resolve_pair
 from .suites import Prompt, load_suite
 
-PLAIN, HF = "plain", "hf_assisted"
+PLAIN, HF, HF_LOOKUP = "plain", "hf_assisted", "hf_prompt_lookup"
 
 
 class Metrics(BaseModel):
@@ -175,7 +175,7 @@ def _metrics(runs: _Runs, row: str, prompts: list[Prompt], repeats: int) -> Metr
     speed = [pt / t for pt, t in zip(plain_t, row_t, strict=True)]
     stats = [rows[i][0].stats for i in ids]
     steps = sum(s.n_steps for s in stats)
-    tree_row = row not in (PLAIN, HF)
+    tree_row = row not in (PLAIN, HF, HF_LOOKUP)
     return Metrics(
         prompts=len(ids), new_tokens=tokens,
         tau=(1 + sum(s.accepted for s in stats) / steps) if tree_row and steps else (1.0 if row == PLAIN else None),

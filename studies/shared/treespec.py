@@ -17,6 +17,7 @@ from treewise.controller import (
     ConfidenceTree,
     DomainBudget,
     DynamicChain,
+    Hybrid,
     LearnedTree,
     load_budgets,
 )
@@ -146,21 +147,31 @@ def build_tree(text: str, pair: str | None = None) -> TreePolicy:
     return parse_tree_spec(text).build(pair)
 
 
-def _static(width: int | None, depth: int | None, branching: Levels | None) -> StaticTree:
+def _static(width: int | None, depth: int | None, branching: Levels | None,
+            lookup: bool | None = None) -> TreePolicy:
     if branching is not None:
         if width is not None or depth is not None:
             raise TreeSpecError("tree spec static: give width=W,depth=D or branching=W1-W2-..., not both")
-        return StaticTree(branching=tuple(branching))
-    if width is None or depth is None:
+        tree = StaticTree(branching=tuple(branching))
+    elif width is None or depth is None:
         raise TreeSpecError("tree spec static: missing width or depth; use static:width=W,depth=D or "
                             "static:branching=W1-W2-... (children per node at each level)")
-    return StaticTree(width=width, depth=depth)
+    else:
+        tree = StaticTree(width=width, depth=depth)
+    if not lookup:
+        return tree
+    # For node logs of both sources (``treewise collect``): every step drafts, every valued lookup node joins.
+    from treewise.decoder.lookup import LookupConfig, SuffixStore
+
+    config = LookupConfig(max_nodes=16, max_depth=8)
+    return Hybrid(tree, config, SuffixStore(config), skip_gain=float("inf"))
 
 
 register_tree_kind(TreeKind(
     "static", _static,
     {"width": Param(int, help="children per node"), "depth": Param(int, help="levels"),
-     "branching": Param(Levels, help="children per node at each level, e.g. 4-2-1-1-1-1")},
+     "branching": Param(Levels, help="children per node at each level, e.g. 4-2-1-1-1-1"),
+     "lookup": Param(bool, help="also suffix-lookup candidates, every step (node logs of both sources)")},
     help="full top-k tree: every node drafts the draft's top `width` children, `depth` levels",
 ))
 register_tree_kind(TreeKind(
@@ -188,7 +199,8 @@ def _dynamic_chain(**params: Any) -> TreePolicy:
 
 def _learned(online: bool | None = None, guard: bool | None = None, budgets: str | None = None,
              native: bool | None = None, predictor: str | None = None, pair: str | None = None,
-             batch_aware: bool | None = None, measured: bool | None = None, **params: Any) -> TreePolicy:
+             batch_aware: bool | None = None, measured: bool | None = None, lookup: bool | None = None,
+             **params: Any) -> TreePolicy:
     """The shipped LearnedTree; ``budgets`` reads another budgets file (e.g. a ``treewise tune --family learned``
     result), ``predictor`` another predictor folder (e.g. another pair's, to measure what training on this
     pair's logs buys); any budget field given overrides the budgets for every domain; ``online=false`` turns the
@@ -207,7 +219,46 @@ def _learned(online: bool | None = None, guard: bool | None = None, budgets: str
         policy.predictor = AcceptancePredictor.load(Path(predictor))
     if given := _given(params):
         policy.budgets = BudgetsFile(default=DomainBudget(policy="learned", **given))
-    return policy
+    return _with_lookup(policy, True, pair) if lookup else policy
+
+
+_LOOKUP_PARAMS = {
+    "max_nodes": Param(int, help="lookup nodes per step at most (default 16)"),
+    "min_value": Param(float, help="lookup nodes valued below this stay out (default 0.15)"),
+    "skip_gain": Param(float, help="expected lookup tokens at which a step skips the draft model (default 2)"),
+    "prior": Param(float, help="pseudo-occurrences shrinking a lookup node's path probability (default 1)"),
+}
+
+
+def _with_lookup(inner: TreePolicy, store: bool, pair: str | None, max_nodes: int | None = None,
+                 **params: Any) -> Hybrid:
+    """``inner`` plus lookup candidates priced by the pair's latency profile; ``store``: also earlier requests'
+    outputs (a store shared by every request this policy decodes)."""
+    from treewise.controller.learned import PairData
+    from treewise.decoder.lookup import LookupConfig, SuffixStore
+
+    lookup = LookupConfig(max_nodes=max_nodes or 16, max_depth=8)
+    return Hybrid(inner, lookup, SuffixStore(lookup) if store else None, PairData.load(pair).latency,
+                  **_given(params))
+
+
+register_tree_kind(TreeKind(
+    "lookup", lambda pair=None, **p: _with_lookup(NoDraft(), False, pair, **p), dict(_LOOKUP_PARAMS),
+    help="prompt lookup: candidates from what followed the text's longest earlier match in the request's own "
+         "prompt and output, no draft model", uses_pair=True,
+))
+register_tree_kind(TreeKind(
+    "suffix", lambda pair=None, **p: _with_lookup(NoDraft(), True, pair, **p), dict(_LOOKUP_PARAMS),
+    help="suffix lookup: the request's own text and earlier requests' outputs of its domain, no draft model",
+    uses_pair=True,
+))
+register_tree_kind(TreeKind(
+    "hybrid", lambda pair=None, store=None, **p: _with_lookup(LearnedTree.default(pair=pair), store is not False,
+                                                              pair, **p),
+    {**_LOOKUP_PARAMS, "store": Param(bool, help="also earlier requests' outputs (default true)")},
+    help="LearnedTree's drafted tree merged with suffix-lookup candidates; the draft model sits out steps the "
+         "lookup covers", uses_pair=True,
+))
 
 
 def _budgeted(pair: str | None = None) -> TreePolicy:
@@ -235,6 +286,7 @@ register_tree_kind(TreeKind(
        "batch_aware": Param(bool, help="in a batch, size trees by the batch's cost model (default true)"),
        "measured": Param(bool, help="correct the cost model by the step times the request measures (default true)"),
        "budgets": Param(str, help="budgets file to read instead of the pair's budgets.json"),
+       "lookup": Param(bool, help="merge suffix-lookup candidates into the tree (the hybrid kind; default false)"),
        "predictor": Param(str, help="predictor folder to read instead of the pair's")},
     help="LearnedTree with the model pair's predictor, budgets and latency profile (decoder.pairs.pair_files)",
     uses_pair=True,

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from treewise.decoder import Frontier
-from treewise.decoder.nodelog import TOKEN_TYPES
+from treewise.decoder.nodelog import SOURCES, TOKEN_TYPES
 from treewise.decoder.paths import data_dir
 
 
@@ -30,7 +30,8 @@ def test_numeric_features_equal_the_logged_features(table: bool) -> None:
     named, numeric = f.features(), f.numeric_features()
     assert set(numeric) == set(named) - {"domain"}
     assert [TOKEN_TYPES[i] for i in numeric["token_type"]] == list(named["token_type"])
-    for name in set(numeric) - {"token_type"}:
+    assert [SOURCES[i] for i in numeric["source"]] == list(named["source"])
+    for name in set(numeric) - {"token_type", "source"}:
         np.testing.assert_allclose(np.asarray(numeric[name], dtype=np.float64),
                                    np.asarray(named[name], dtype=np.float64), rtol=0, atol=0, err_msg=name)
 

@@ -13,12 +13,13 @@ from treewise.controller import (
     ConfidenceTree,
     DomainBudget,
     DynamicChain,
+    Hybrid,
     LatencyProfile,
     LearnedTree,
 )
 from treewise.controller.learned import AcceptanceModel
 from treewise.controller.policies import refit_threshold
-from treewise.decoder import Chain, NoDraft, StaticTree, TreeDecoder, TreePolicy
+from treewise.decoder import Chain, LookupConfig, NoDraft, StaticTree, SuffixStore, TreeDecoder, TreePolicy
 
 
 class DraftProbPredictor:
@@ -62,11 +63,15 @@ POLICIES = {
         default=DomainBudget(policy="confidence", node_budget=6, max_depth=4, max_width=3),
         domains={"code": DomainBudget(policy="static", node_budget=6, max_width=2, max_depth=3)}),
         DraftProbPredictor()),
+    "lookup": lambda: Hybrid(NoDraft(), _LOOK, min_value=0.0),
+    "hybrid": lambda: Hybrid(_learned(node_budget=7, max_depth=4, max_width=3, threshold=0.01, cost_scale=0.0),
+                             _LOOK, SuffixStore(_LOOK), min_value=0.0, skip_gain=1.0),
 }
+_LOOK = LookupConfig(max_nodes=6, max_depth=5)
 BUDGET = {"none": 0, "static": 14, "chain": 3, "confidence": 6, "dynamic_chain": 5, "learned": 7, "learned_latency": 10,
-          "budgeted": 6}
+          "budgeted": 6, "lookup": 6, "hybrid": 13}
 DEPTH = {"none": 0, "static": 3, "chain": 3, "confidence": 4, "dynamic_chain": 5, "learned": 4, "learned_latency": 6,
-         "budgeted": 4}
+         "budgeted": 4, "lookup": 5, "hybrid": 5}
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,125 @@
+"""Hybrid: a tree policy's drafted tree plus free candidates, what earlier text says comes next.
+
+Each step looks up the longest suffix of the request's text (its prompt and output so far and, with a
+``SuffixStore``, earlier requests' outputs of its domain; ``decoder.lookup``) and values each lookup node by
+its shrunk empirical path probability, ``count / (occurrences + prior)`` (a single earlier occurrence is
+worth 1 / (1 + prior), two that agree 2 / (2 + prior)). Nodes below ``min_value`` stay out. When the kept
+lookup nodes promise ``skip_gain`` tokens or more, the step skips the draft model (no draft forward: the
+tree is the lookup's alone); otherwise the inner policy drafts as it would and the lookup nodes join its
+tree (``decoder.merge``), best value first while each pays for the verify it adds at the pair's latency
+profile (with no profile: all kept nodes). Verification is unchanged, so the output is the target's.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from treewise.decoder import Candidates, Frontier, LevelPlan, RequestInfo, StepOutcome, TreePolicy
+from treewise.decoder.batch import fresh_policy
+from treewise.decoder.draft import DraftContext, DraftResult
+from treewise.decoder.lookup import LookupConfig, LookupSource, LookupTree, SuffixStore, empty_tree
+
+from .latency import LatencyProfile
+
+_LOOKUP = LookupConfig(max_nodes=16, max_depth=8)
+
+
+@dataclass
+class Hybrid:
+    """``inner``'s trees with lookup candidates merged in (a ``decoder.merge.Proposer``); ``store``: earlier
+    requests' outputs, shared by every copy of this policy (None: each request's own text only)."""
+
+    inner: TreePolicy
+    lookup: LookupConfig = _LOOKUP
+    store: SuffixStore | None = None
+    latency: LatencyProfile | None = None  # prices each lookup node's verify (None: keep every valued node)
+    prior: float = 1.0  # pseudo-occurrences that shrink a lookup node's empirical path probability
+    min_value: float = 0.15  # lookup nodes valued below this stay out
+    skip_gain: float = 2.0  # kept lookup value (expected tokens) at which a step skips the draft model
+    _source: LookupSource | None = field(default=None, init=False, repr=False)
+    _look: LookupTree = field(default_factory=empty_tree, init=False, repr=False)
+    _values: np.ndarray = field(default_factory=lambda: np.zeros(0), init=False, repr=False)
+    _skipped: bool = field(default=False, init=False, repr=False)
+    _scale: float = field(default=1.0, init=False, repr=False)  # accepted / valued on lookup-only steps (EMA)
+    _drafted: float | None = field(default=None, init=False, repr=False)  # accepted on drafting steps (EMA)
+
+    def __post_init__(self) -> None:
+        self.inner = fresh_policy(self.inner)  # per-request state: each copy of this policy owns its inner one
+
+    @property
+    def reads_draft_entropy(self) -> bool:
+        return bool(getattr(self.inner, "reads_draft_entropy", True))
+
+    # -- TreePolicy ----------------------------------------------------------------------------------
+
+    def start(self, request: RequestInfo) -> None:
+        self.inner.start(request)
+        self._scale, self._drafted = 1.0, None
+        key = hashlib.blake2b(request.prompt.encode(), digest_size=8).hexdigest()
+        self._source = LookupSource(self.lookup, self.store, request.domain, key, request.prompt_len)
+
+    def plan(self, frontier: Frontier) -> LevelPlan:
+        if frontier.depth == 0:
+            # The lookup's expected tokens, corrected by what its steps gave: skip the draft model when they
+            # reach skip_gain and what the request's drafting steps accept.
+            gain = self._scale * float(self._values.sum())
+            self._skipped = gain >= self.skip_gain and (self._drafted is None or gain >= self._drafted)
+            if self._skipped:  # the inner policy sits this step out: it neither plans nor observes it
+                return LevelPlan.uniform(1, 0)
+        return self.inner.plan(frontier)
+
+    def finalize(self, candidates: Candidates) -> torch.Tensor | None:
+        return self.inner.finalize(candidates)
+
+    def observe(self, outcome: StepOutcome) -> None:
+        if self._skipped:
+            valued = float(self._values.sum())
+            self._scale = 0.7 * self._scale + 0.3 * outcome.accepted / valued
+            return
+        if outcome.verified > outcome.extra:  # the inner policy drafted
+            seen = float(outcome.accepted)
+            self._drafted = seen if self._drafted is None else 0.7 * self._drafted + 0.3 * seen
+        self.inner.observe(outcome)
+
+    # -- Proposer ------------------------------------------------------------------------------------
+
+    def propose(self, seq: np.ndarray, ctx: DraftContext) -> None:
+        depth = min(self.lookup.max_depth, ctx.max_depth)
+        look = self._source.propose(seq, self.lookup.max_nodes, depth) if depth > 0 and self._source else empty_tree()
+        values = look.counts / (look.occurrences + self.prior) if look.size else np.zeros(0)
+        keep = values >= self.min_value  # a child never outvalues its parent: kept nodes stay connected
+        self._look = _subset(look, keep)
+        self._values = values[keep]
+
+    def proposals(self, drafted: DraftResult) -> LookupTree:
+        if self.latency is None or self._look.size == 0:
+            return self._look
+        # Best value first (parents before children): a node joins while its value, in tokens worth a plain
+        # step each, pays for the verify time one more node adds to this tree.
+        order = np.lexsort((self._look.depth, -self._values))
+        n, token_ms = drafted.tree.size, self.latency.target_time(1)
+        keep = np.zeros(self._look.size, dtype=bool)
+        for k, j in enumerate(order):
+            if self._values[j] * token_ms < self.latency.target_time(n + k + 1) - self.latency.target_time(n + k):
+                break
+            keep[j] = True
+        return _subset(self._look, keep)
+
+    def end(self, seq: np.ndarray) -> None:
+        if self._source is not None:
+            self._source.end(seq)
+            self._source = None
+
+
+def _subset(look: LookupTree, keep: np.ndarray) -> LookupTree:
+    """``look``'s nodes where ``keep`` (a kept node's parent is kept), parents renumbered."""
+    if keep.all():
+        return look
+    new = np.cumsum(keep) - 1
+    parents = look.parents[keep]
+    return LookupTree(look.tokens[keep], np.where(parents >= 0, new[np.maximum(parents, 0)], -1),
+                      look.counts[keep], look.depth[keep], look.match, look.occurrences)
