@@ -2,12 +2,14 @@
 
 Each step looks up the longest suffix of the request's text (its prompt and output so far and, with a
 ``SuffixStore``, earlier requests' outputs of its domain; ``decoder.lookup``) and values each lookup node by
-its shrunk empirical path probability, ``count / (occurrences + prior)`` (a single earlier occurrence is
-worth 1 / (1 + prior), two that agree 2 / (2 + prior)). Nodes below ``min_value`` stay out. When the kept
-lookup nodes promise ``skip_gain`` tokens or more, the step skips the draft model (no draft forward: the
-tree is the lookup's alone); otherwise the inner policy drafts as it would and the lookup nodes join its
-tree (``decoder.merge``), best value first while each pays for the verify it adds at the pair's latency
-profile (with no profile: all kept nodes). Verification is unchanged, so the output is the target's.
+its shrunk empirical path probability, ``count / (occurrences + prior)``, times what lookup nodes of that
+domain and matched length have delivered per unit of such value so far (``LookupCalibration``: a match of one
+common word promises less than its counts say). Nodes valued below ``min_value`` stay out. When the kept
+lookup nodes promise ``skip_gain`` tokens or more, and at least what the request's drafting steps accept, the
+step skips the draft model (no draft forward: the tree is the lookup's alone); otherwise the inner policy
+drafts as it would and the lookup nodes join its tree (``decoder.merge``), best value first while each pays
+for the verify it adds at the pair's latency profile (with no profile: all kept nodes). Verification is
+unchanged, so the output is the target's.
 """
 
 from __future__ import annotations
@@ -29,9 +31,37 @@ _LOOKUP = LookupConfig(max_nodes=16, max_depth=8)
 
 
 @dataclass
+class LookupCalibration:
+    """Lookup tokens accepted per unit of lookup value offered, by domain and matched length (1, 2, 3, 4+),
+    learned from every step of every request the policy decodes (its copies share one), starting from
+    ``rate`` worth ``pseudo`` units of value."""
+
+    rate: float = 0.7
+    pseudo: float = 4.0
+    learn: bool = True  # False: the prior rate stays (a policy whose trees do not depend on earlier requests)
+    _seen: dict[tuple[str, int], tuple[float, float]] = field(default_factory=dict, repr=False)
+
+    def scale(self, domain: str, match: int) -> float:
+        accepted, offered = self._seen.get((domain, min(match, 4)), (0.0, 0.0))
+        return (accepted + self.rate * self.pseudo) / (offered + self.pseudo)
+
+    def add(self, domain: str, match: int, accepted: float, offered: float) -> None:
+        if not self.learn:
+            return
+        key = (domain, min(match, 4))
+        a, o = self._seen.get(key, (0.0, 0.0))
+        self._seen[key] = (a + accepted, o + offered)
+
+
+@dataclass
 class Hybrid:
     """``inner``'s trees with lookup candidates merged in (a ``decoder.merge.Proposer``); ``store``: earlier
-    requests' outputs, shared by every copy of this policy (None: each request's own text only)."""
+    requests' outputs, shared by every copy of this policy (None: each request's own text only).
+
+    The store and the calibration learn from earlier requests, so a request's trees depend on what this policy
+    decoded before: greedy output is the target's whatever they hold, and sampled output follows the target's
+    distribution, but seeded samples repeat only from the same state (``store=None`` and
+    ``LookupCalibration(learn=False)`` make every request's trees its own)."""
 
     inner: TreePolicy
     lookup: LookupConfig = _LOOKUP
@@ -40,11 +70,14 @@ class Hybrid:
     prior: float = 1.0  # pseudo-occurrences that shrink a lookup node's empirical path probability
     min_value: float = 0.15  # lookup nodes valued below this stay out
     skip_gain: float = 2.0  # kept lookup value (expected tokens) at which a step skips the draft model
+    calibration: LookupCalibration = field(default_factory=LookupCalibration)  # shared by this policy's copies
     _source: LookupSource | None = field(default=None, init=False, repr=False)
+    _domain: str = field(default="unknown", init=False, repr=False)
     _look: LookupTree = field(default_factory=empty_tree, init=False, repr=False)
-    _values: np.ndarray = field(default_factory=lambda: np.zeros(0), init=False, repr=False)
+    _values: np.ndarray = field(default_factory=lambda: np.zeros(0), init=False, repr=False)  # calibrated
+    _scale: float = field(default=1.0, init=False, repr=False)  # this step's calibration factor
+    _offered: float = field(default=0.0, init=False, repr=False)  # merged lookup nodes' raw value this step
     _skipped: bool = field(default=False, init=False, repr=False)
-    _scale: float = field(default=1.0, init=False, repr=False)  # accepted / valued on lookup-only steps (EMA)
     _drafted: float | None = field(default=None, init=False, repr=False)  # accepted on drafting steps (EMA)
 
     def __post_init__(self) -> None:
@@ -58,7 +91,7 @@ class Hybrid:
 
     def start(self, request: RequestInfo) -> None:
         self.inner.start(request)
-        self._scale, self._drafted = 1.0, None
+        self._domain, self._drafted = request.domain, None
         key = hashlib.blake2b(request.prompt.encode(), digest_size=8).hexdigest()
         self._source = LookupSource(self.lookup, self.store, request.domain, key, request.prompt_len)
 
@@ -66,7 +99,7 @@ class Hybrid:
         if frontier.depth == 0:
             # The lookup's expected tokens, corrected by what its steps gave: skip the draft model when they
             # reach skip_gain and what the request's drafting steps accept.
-            gain = self._scale * float(self._values.sum())
+            gain = float(self._values.sum())
             self._skipped = gain >= self.skip_gain and (self._drafted is None or gain >= self._drafted)
             if self._skipped:  # the inner policy sits this step out: it neither plans nor observes it
                 return LevelPlan.uniform(1, 0)
@@ -76,9 +109,11 @@ class Hybrid:
         return self.inner.finalize(candidates)
 
     def observe(self, outcome: StepOutcome) -> None:
+        if self._offered > 0:  # the accepted path's nodes past the draft's own are the lookup's
+            first = outcome.verified + 1 - outcome.extra
+            self.calibration.add(self._domain, self._look.match, sum(t >= first for t in outcome.path),
+                                 self._offered)
         if self._skipped:
-            valued = float(self._values.sum())
-            self._scale = 0.7 * self._scale + 0.3 * outcome.accepted / valued
             return
         if outcome.verified > outcome.extra:  # the inner policy drafted
             seen = float(outcome.accepted)
@@ -90,14 +125,22 @@ class Hybrid:
     def propose(self, seq: np.ndarray, ctx: DraftContext) -> None:
         depth = min(self.lookup.max_depth, ctx.max_depth)
         look = self._source.propose(seq, self.lookup.max_nodes, depth) if depth > 0 and self._source else empty_tree()
-        values = look.counts / (look.occurrences + self.prior) if look.size else np.zeros(0)
+        self._scale = self.calibration.scale(self._domain, look.match)
+        values = self._scale * look.counts / (look.occurrences + self.prior) if look.size else np.zeros(0)
         keep = values >= self.min_value  # a child never outvalues its parent: kept nodes stay connected
         self._look = _subset(look, keep)
         self._values = values[keep]
+        self._offered = 0.0
 
     def proposals(self, drafted: DraftResult) -> LookupTree:
+        kept = self._priced(drafted)
+        self._offered = float(self._values[kept].sum()) / self._scale if self._scale > 0 else 0.0
+        return _subset(self._look, kept)
+
+    def _priced(self, drafted: DraftResult) -> np.ndarray:
+        """[n] bool: the lookup nodes that join ``drafted``'s tree."""
         if self.latency is None or self._look.size == 0:
-            return self._look
+            return np.ones(self._look.size, dtype=bool)
         # Best value first (parents before children): a node joins while its value, in tokens worth a plain
         # step each, pays for the verify time one more node adds to this tree.
         order = np.lexsort((self._look.depth, -self._values))
@@ -107,7 +150,7 @@ class Hybrid:
             if self._values[j] * token_ms < self.latency.target_time(n + k + 1) - self.latency.target_time(n + k):
                 break
             keep[j] = True
-        return _subset(self._look, keep)
+        return keep
 
     def end(self, seq: np.ndarray) -> None:
         if self._source is not None:

@@ -227,17 +227,18 @@ _LOOKUP_PARAMS = {
     "min_value": Param(float, help="lookup nodes valued below this stay out (default 0.15)"),
     "skip_gain": Param(float, help="expected lookup tokens at which a step skips the draft model (default 2)"),
     "prior": Param(float, help="pseudo-occurrences shrinking a lookup node's path probability (default 1)"),
+    "max_depth": Param(int, help="tokens of continuation followed from each occurrence (default 8)"),
 }
 
 
 def _with_lookup(inner: TreePolicy, store: bool, pair: str | None, max_nodes: int | None = None,
-                 **params: Any) -> Hybrid:
+                 max_depth: int | None = None, **params: Any) -> Hybrid:
     """``inner`` plus lookup candidates priced by the pair's latency profile; ``store``: also earlier requests'
     outputs (a store shared by every request this policy decodes)."""
     from treewise.controller.learned import PairData
     from treewise.decoder.lookup import LookupConfig, SuffixStore
 
-    lookup = LookupConfig(max_nodes=max_nodes or 16, max_depth=8)
+    lookup = LookupConfig(max_nodes=max_nodes or 16, max_depth=max_depth or 8)
     return Hybrid(inner, lookup, SuffixStore(lookup) if store else None, PairData.load(pair).latency,
                   **_given(params))
 

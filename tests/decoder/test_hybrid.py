@@ -10,6 +10,7 @@ import pytest
 from test_architectures import build
 
 from treewise.controller import Hybrid, LatencyProfile
+from treewise.controller.hybrid import LookupCalibration
 from treewise.decoder import (
     SCHEMA,
     LookupConfig,
@@ -58,7 +59,8 @@ def test_greedy_solo_and_batched_equal_plain(dec, tmp_path) -> None:
 
 @pytest.mark.parametrize("mode", ["topk", "sampled"])
 def test_seeded_sampling_batched_equals_solo(dec, mode: str) -> None:
-    policy = Hybrid(StaticTree(2, 2), LOOK, min_value=0.0)
+    # Trees that depend on the request alone (no store, a calibration that does not learn): the same seeded draws.
+    policy = Hybrid(StaticTree(2, 2), LOOK, min_value=0.0, calibration=LookupCalibration(learn=False))
     seeds = [3, 4, 5, 6]
     batch = dec.generate_batch(PROMPTS, max_new_tokens=20, tree=policy, temperature=1.0, seed=seeds, draft_mode=mode)
     solo = [dec.generate(p, max_new_tokens=20, tree=policy, temperature=1.0, seed=s, draft_mode=mode)
@@ -107,3 +109,16 @@ def test_older_node_logs_read_with_the_added_columns(tmp_path) -> None:
     pq.write_table(pa.table(row, schema=old), tmp_path / "nodes-old.parquet")
     table = read_node_logs(tmp_path).to_pandas()
     assert table.source.tolist() == ["draft"] and np.isnan(table.lookup_prob[0]) and table.match_len[0] == 0
+
+
+def test_calibration_learns_per_domain_and_match_length() -> None:
+    cal = LookupCalibration(rate=0.7, pseudo=4.0)
+    assert cal.scale("prose", 1) == pytest.approx(0.7)
+    for _ in range(50):
+        cal.add("prose", 1, accepted=0, offered=2.0)  # one-word matches that never hold
+        cal.add("code", 5, accepted=2, offered=2.0)  # long matches that always do
+    assert cal.scale("prose", 1) < 0.05 and cal.scale("code", 4) > 0.95  # 4 and longer share a bucket
+    assert cal.scale("prose", 2) == pytest.approx(0.7) and cal.scale("code", 1) == pytest.approx(0.7)
+    frozen = LookupCalibration(learn=False)
+    frozen.add("prose", 1, accepted=0, offered=5.0)
+    assert frozen.scale("prose", 1) == pytest.approx(0.7)
