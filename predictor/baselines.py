@@ -27,11 +27,13 @@ HF_FN_COST = 3.0
 
 
 def draft_prob(rows: NodeRows) -> np.ndarray:
-    return np.exp(rows.columns["draft_logprob"].astype(np.float64))
+    """A lookup node the draft never scored (NaN: its parent was not expanded) has draft probability 0."""
+    return np.nan_to_num(np.exp(rows.columns["draft_logprob"].astype(np.float64)), nan=0.0)
 
 
 def neg_entropy(rows: NodeRows) -> np.ndarray:
-    return -rows.columns["draft_entropy"].astype(np.float64)
+    """Unknown entropy (a lookup node under a node the draft never expanded) ranks last."""
+    return np.nan_to_num(-rows.columns["draft_entropy"].astype(np.float64), nan=-1e30)
 
 
 @dataclass(frozen=True)
