@@ -5,8 +5,9 @@ Each step looks up the longest suffix of the request's text (its prompt and outp
 its shrunk empirical path probability, ``count / (occurrences + prior)``, times what lookup nodes of that
 domain and matched length have delivered per unit of such value so far (``LookupCalibration``: a match of one
 common word promises less than its counts say). Nodes valued below ``min_value`` stay out. When the kept
-lookup nodes promise ``skip_gain`` tokens or more, and at least what the request's drafting steps accept, the
-step skips the draft model (no draft forward: the tree is the lookup's alone); otherwise the inner policy
+lookup nodes promise ``skip_gain`` tokens or more, and more tokens per millisecond of forwards than the
+request's drafting steps have delivered (both measured: the first such step is a probe that times one), the step
+skips the draft model (no draft forward: the tree is the lookup's alone); otherwise the inner policy
 drafts as it would and the lookup nodes join its tree (``decoder.merge``), best value first while each pays
 for the verify it adds at the pair's latency profile (with no profile: all kept nodes). Verification is
 unchanged, so the output is the target's.
@@ -15,6 +16,7 @@ unchanged, so the output is the target's.
 from __future__ import annotations
 
 import hashlib
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -78,7 +80,9 @@ class Hybrid:
     _scale: float = field(default=1.0, init=False, repr=False)  # this step's calibration factor
     _offered: float = field(default=0.0, init=False, repr=False)  # merged lookup nodes' raw value this step
     _skipped: bool = field(default=False, init=False, repr=False)
-    _drafted: float | None = field(default=None, init=False, repr=False)  # accepted on drafting steps (EMA)
+    _drafted: tuple[float, float] | None = field(default=None, init=False, repr=False)  # drafting steps' (EMA)
+    # accepted tokens and forward ms; and the forward ms of lookup-only steps (EMA)
+    _skip_ms: float | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.inner = fresh_policy(self.inner)  # per-request state: each copy of this policy owns its inner one
@@ -91,16 +95,13 @@ class Hybrid:
 
     def start(self, request: RequestInfo) -> None:
         self.inner.start(request)
-        self._domain, self._drafted = request.domain, None
+        self._domain, self._drafted, self._skip_ms = request.domain, None, None
         key = hashlib.blake2b(request.prompt.encode(), digest_size=8).hexdigest()
         self._source = LookupSource(self.lookup, self.store, request.domain, key, request.prompt_len)
 
     def plan(self, frontier: Frontier) -> LevelPlan:
         if frontier.depth == 0:
-            # The lookup's expected tokens, corrected by what its steps gave: skip the draft model when they
-            # reach skip_gain and what the request's drafting steps accept.
-            gain = float(self._values.sum())
-            self._skipped = gain >= self.skip_gain and (self._drafted is None or gain >= self._drafted)
+            self._skipped = self._skips(float(self._values.sum()))
             if self._skipped:  # the inner policy sits this step out: it neither plans nor observes it
                 return LevelPlan.uniform(1, 0)
         return self.inner.plan(frontier)
@@ -109,16 +110,32 @@ class Hybrid:
         return self.inner.finalize(candidates)
 
     def observe(self, outcome: StepOutcome) -> None:
-        if self._offered > 0:  # the accepted path's nodes past the draft's own are the lookup's
-            first = outcome.verified + 1 - outcome.extra
-            self.calibration.add(self._domain, self._look.match, sum(t >= first for t in outcome.path),
-                                 self._offered)
+        if self._offered > 0:  # what the lookup's nodes delivered, those the draft proposed too included
+            self.calibration.add(self._domain, self._look.match, outcome.from_lookup, self._offered)
+        ms = outcome.forward_ms if outcome.forward_ms == outcome.forward_ms else math.nan  # NaN: not measured
         if self._skipped:
+            if ms == ms:
+                self._skip_ms = ms if self._skip_ms is None else 0.7 * self._skip_ms + 0.3 * ms
             return
         if outcome.verified > outcome.extra:  # the inner policy drafted
-            seen = float(outcome.accepted)
-            self._drafted = seen if self._drafted is None else 0.7 * self._drafted + 0.3 * seen
+            seen = (float(outcome.accepted), ms)
+            old = self._drafted
+            self._drafted = seen if old is None else (0.7 * old[0] + 0.3 * seen[0], 0.7 * old[1] + 0.3 * seen[1])
         self.inner.observe(outcome)
+
+    def _skips(self, gain: float) -> bool:
+        """Whether the lookup's tree alone (``gain`` expected tokens, at least ``skip_gain``) gives more tokens per
+        millisecond of forwards than the request's drafting steps have (before any is timed: more tokens)."""
+        if gain < self.skip_gain:
+            return False
+        if self._drafted is None:
+            return True
+        tokens, ms = self._drafted
+        if not ms > 0:  # steps not timed (NaN): tokens alone
+            return gain >= tokens
+        if self._skip_ms is None:  # a probe: time one lookup step
+            return True
+        return (1 + gain) / self._skip_ms >= (1 + tokens) / ms
 
     # -- Proposer ------------------------------------------------------------------------------------
 

@@ -254,6 +254,7 @@ class StepOutcome:
     path: tuple[int, ...] = ()  # tree indices of the accepted nodes, root (0) excluded, in order
     forward_ms: float = float("nan")  # the step's model forwards, draft and target, as measured (a batch: shared)
     extra: int = 0  # verified nodes another source proposed (decoder.merge): the last ``extra`` tree indices
+    from_lookup: int = 0  # accepted nodes another source proposed, alone or with the draft model
 
 
 @runtime_checkable

@@ -133,7 +133,7 @@ class StepCore:
         on_path = set(acc.path)
         tried = sum(1 for parent in dr.tree.parents.tolist()[1:] if parent in on_path)  # no torch slice op
         run.policy.observe(StepOutcome(ctx.step, dr.tree.size - 1, acc.accepted, tried, tuple(acc.path[1:]),
-                                       forward_ms, dr.extra))
+                                       forward_ms, dr.extra, looked_up(dr, acc) if run.proposer else 0))
         req.tried, req.accepted, req.prev_accepted = req.tried + tried, req.accepted + acc.accepted, acc.accepted
         return emitted, rows
 
@@ -288,3 +288,14 @@ def draft_keep(dr: DraftResult, acc: Acceptance, emitted: list[int]) -> list[int
             break
         slots.append(fed[node])
     return slots
+
+
+def looked_up(dr: DraftResult, acc: Acceptance) -> int:
+    """Accepted nodes a lookup proposed (source ``lookup`` or ``both``, decoder.merge)."""
+    cols = dr.candidates.columns
+    if "source" not in cols or acc.accepted == 0:
+        return 0
+    source = np.zeros(dr.tree.size, dtype=np.int8)
+    kept = cols["tree_index"] >= 0
+    source[cols["tree_index"][kept]] = cols["source"][kept]
+    return int(np.count_nonzero(source[acc.path[1:]]))

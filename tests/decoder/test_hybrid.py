@@ -122,3 +122,17 @@ def test_calibration_learns_per_domain_and_match_length() -> None:
     frozen = LookupCalibration(learn=False)
     frozen.add("prose", 1, accepted=0, offered=5.0)
     assert frozen.scale("prose", 1) == pytest.approx(0.7)
+
+
+def test_skip_rule_weighs_tokens_per_measured_millisecond() -> None:
+    policy = Hybrid(NoDraft(), LOOK, skip_gain=2.0)
+    assert not policy._skips(1.9)  # under the floor
+    assert policy._skips(2.5)  # nothing known of drafting steps
+    policy._drafted = (3.0, 40.0)  # drafting steps: 3 tokens accepted in 40 ms of forwards
+    assert policy._skips(2.5)  # no lookup step timed yet: a probe times one
+    policy._skip_ms = 20.0  # lookup steps take half the time: 2.5 tokens (+1) in 20 ms beat 3 (+1) in 40 ms
+    assert policy._skips(2.5)
+    policy._skip_ms = 40.0  # as long as a drafting step: 2.5 (+1) tokens lose to 3 (+1)
+    assert not policy._skips(2.5)
+    policy._drafted = (3.0, float("nan"))  # untimed drafting steps: tokens alone
+    assert policy._skips(3.0) and not policy._skips(2.5)
