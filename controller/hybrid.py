@@ -63,7 +63,8 @@ class Hybrid:
     The store and the calibration learn from earlier requests, so a request's trees depend on what this policy
     decoded before: greedy output is the target's whatever they hold, and sampled output follows the target's
     distribution, but seeded samples repeat only from the same state (``store=None`` and
-    ``LookupCalibration(learn=False)`` make every request's trees its own)."""
+    ``LookupCalibration(learn=False)`` make every request's trees its own; the skip rule reads measured step
+    times, so ``skip_gain=inf`` as well for trees that do not depend on timing)."""
 
     inner: TreePolicy
     lookup: LookupConfig = _LOOKUP
