@@ -16,7 +16,6 @@ unchanged, so the output is the target's.
 from __future__ import annotations
 
 import hashlib
-import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -113,7 +112,7 @@ class Hybrid:
     def observe(self, outcome: StepOutcome) -> None:
         if self._offered > 0:  # what the lookup's nodes delivered, those the draft proposed too included
             self.calibration.add(self._domain, self._look.match, outcome.from_lookup, self._offered)
-        ms = outcome.forward_ms if outcome.forward_ms == outcome.forward_ms else math.nan  # NaN: not measured
+        ms = outcome.forward_ms  # NaN: not measured
         if self._skipped:
             if ms == ms:
                 self._skip_ms = ms if self._skip_ms is None else 0.7 * self._skip_ms + 0.3 * ms
