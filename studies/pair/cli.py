@@ -18,6 +18,7 @@ from treewise.studies.shared.commands import fail, open_pair, user_errors, write
 from treewise.studies.shared.paths import PAIR_HELP, data_dir
 
 from .config import DemoConfig, EvalConfig, ModelShape, PairConfig
+from .corpus.fresh import FreshConfig
 from .distill_cli import train_draft_cmd
 
 if TYPE_CHECKING:
@@ -25,6 +26,7 @@ if TYPE_CHECKING:
     from .train import TrainProgress
 
 _DEF = PairConfig()
+_FRESH = FreshConfig()
 _SOURCE_NAMES = ("smollm2",)  # studies.pair.fetch.SOURCES, named here so that --help imports no torch
 console = Console()
 
@@ -244,7 +246,8 @@ def fetch_cmd(
 def teacher_cmd(
     out: Path = typer.Option(Path("runs/smollm2-teacher"), help="Shards and manifest (resumable)."),
     target: Path | None = typer.Option(None, help="Target folder (default: the fetched SmolLM2)."),
-    suite: Path = typer.Option(data_dir() / "prompts", help="Prompt suite: its train and tune splits are answered."),
+    suite: list[Path] = typer.Option([data_dir() / "prompts"], help="Prompt suites: their train and tune splits "
+                                     "are answered; repeat the option for several."),
     minutes: float = typer.Option(60.0, help="Budget across restarts."),
     batch_size: int = typer.Option(8, help="Prompts per generate call."),
     max_new_tokens: int = typer.Option(128, help="Answer length cap."),
@@ -261,7 +264,7 @@ def teacher_cmd(
     hf_logging.disable_progress_bar()
     try:
         folder = target or fetch(SOURCES["smollm2"])
-        cfg = TeacherConfig(target=folder, out=out, suite=suite, minutes=minutes, batch_size=batch_size,
+        cfg = TeacherConfig(target=folder, out=out, suite=tuple(suite), minutes=minutes, batch_size=batch_size,
                             max_new_tokens=max_new_tokens, top_k=top_k, sampled=sampled, threads=threads)
         with Progress(TextColumn("{task.description}"), BarColumn(), TimeRemainingColumn(), console=console) as bar:
             task = bar.add_task("teacher answers", total=None)
@@ -275,16 +278,28 @@ def teacher_cmd(
 def prompts_cmd(
     out: Path = typer.Option(Path("runs/smollm2-fresh"), help="Suite folder written (<domain>.jsonl + manifest)."),
     per_domain: int = typer.Option(25, help="Prompts per domain."),
-    exclude: Path = typer.Option(data_dir() / "prompts", help="Suite whose prompts (every split) are left out."),
+    exclude: list[Path] = typer.Option([data_dir() / "prompts"], help="Suites whose prompts (every split) are "
+                                       "left out; repeat the option for several."),
+    seed: int = typer.Option(_FRESH.seed, help="Order and split of the chosen prompts, generated puzzles."),
+    generated: int = typer.Option(_FRESH.generated, help="Generated items per generator and domain."),
+    gym_seed_offset: int = typer.Option(_FRESH.gym_seed_offset, help="reasoning-gym seeds start this far on "
+                                        "(another suite, other items)."),
+    sharegpt_scan: int = typer.Option(_FRESH.sharegpt_scan, help="ShareGPT conversations read."),
+    max_chars: int = typer.Option(_FRESH.max_chars, help="Longest prompt kept, in characters."),
 ) -> None:
-    """A collection suite of prompts no shipped draft saw (ShareGPT, HumanEval, reasoning-gym, generated)."""
+    """A collection suite of prompts no shipped draft saw (ShareGPT, HumanEval, reasoning-gym, generated).
+
+    The defaults build the fresh suite the real pair's predictor and budgets learn from; a teacher suite for a
+    new draft leaves that one out too (docs/real-pair.md, "The draft")."""
     import hashlib
     from collections import Counter
 
-    from .corpus.fresh import FreshConfig, build_fresh_suite
+    from .corpus.fresh import build_fresh_suite
     from .corpus.sources import SourceMissing
 
-    cfg = FreshConfig(out=out, per_domain=per_domain, exclude=exclude)
+    cfg = _FRESH.model_copy(update={"out": out, "per_domain": per_domain, "exclude": tuple(exclude), "seed": seed,
+                                    "generated": generated, "gym_seed_offset": gym_seed_offset,
+                                    "sharegpt_scan": sharegpt_scan, "max_chars": max_chars})
     try:
         suite = build_fresh_suite(cfg)
     except (*user_errors(), SourceMissing) as err:

@@ -98,5 +98,6 @@ class DistillConfig(BaseModel):
     lr: float = 2e-3  # 5e-4 left a one-layer draft far from fitting in the same time (docs/real-pair.md)
     heldout_every: int = 16  # one prompt in this many is held out (by a hash of its id)
     checkpoint_every_s: float = 120.0
+    select_every_s: float = 240.0  # held-out loss scored this often (at a checkpoint); the lowest one is exported
     threads: int = 2
     seed: int = 0

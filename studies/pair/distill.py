@@ -27,7 +27,7 @@ import torch
 from safetensors.torch import save_file
 from transformers import AutoModelForCausalLM, GenerationConfig, LlamaForCausalLM
 
-from treewise.decoder.atomic import atomic_dir, write_bytes_atomic
+from treewise.decoder.atomic import atomic_dir, atomic_path, write_bytes_atomic
 from treewise.decoder.errors import TreewiseError
 from treewise.decoder.mapped import MappedLlamaConfig, MappedLlamaForCausalLM
 
@@ -198,20 +198,58 @@ def train_draft(cfg: DistillConfig, on_progress: Callable[[DistillProgress], Non
             if on_progress:
                 on_progress(DistillProgress(state["step"], state["elapsed"], budget, ema))
             if time.monotonic() - last > cfg.checkpoint_every_s:
+                if state["elapsed"] - state.get("selected_at", 0.0) > cfg.select_every_s:
+                    _select(draft, held, cfg, state)
                 _checkpoint(ckpt, draft, opt, state)
                 last = time.monotonic()
         if state["at"] >= len(groups):
             state.update(epoch=state["epoch"] + 1, at=0)
     _checkpoint(ckpt, draft, opt, state)
+    best = _select(draft, held, cfg, state)
+    draft.load_state_dict(best["model"])
     draft.eval()
     card = {"teacher_answers": len(examples), "train_answers": len(train), "heldout_answers": len(held),
             "train_answer_tokens": int(sum(len(e.answer) for e in train)), "layers": cfg.layers,
             "init_layers": list(cfg.init_layers or range(cfg.layers)), "lr": cfg.lr,
             "kept_tokens": cfg.vocab, "steps": state["step"], "epochs": state["epoch"],
             "cpu_minutes": round(state["elapsed"] / 60, 1), "threads": cfg.threads, "final_loss": state["loss"],
+            "selected_step": best["step"], "selections": state.get("selections", []),
             "heldout": evaluate(draft, held, cfg.batch_tokens)}
     export_draft(draft, card, cfg.out)
     return card
+
+
+def _select(draft: MappedLlamaForCausalLM, held: list[Example], cfg: DistillConfig, state: dict) -> dict:
+    """Score the weights on the held-out answers and keep them in best.pt if no earlier weights scored lower.
+
+    best.pt holds its own loss, written before the checkpoint that records the scoring, so a kill between the two
+    never lets worse weights replace better ones; the export takes best.pt (early stopping: with a few hundred
+    thousand answer tokens a one-layer draft starts to memorise them within the budget)."""
+    path = cfg.work / "best.pt"
+    best = torch.load(path, weights_only=True) if path.exists() else {"loss": float("inf"), "step": -1}
+    if best["step"] == state["step"]:
+        return best
+    draft.eval()
+    loss = heldout_loss(draft, held, cfg.batch_tokens) if held else 0.0
+    draft.train()
+    state["selected_at"] = state["elapsed"]
+    state.setdefault("selections", []).append([state["step"], round(state["elapsed"] / 60, 1), round(loss, 4)])
+    if loss < best["loss"] or "model" not in best:
+        best = {"loss": loss, "step": state["step"], "model": {k: v.detach().clone() for k, v in
+                                                               draft.state_dict().items()}}
+        with atomic_path(path) as tmp:
+            torch.save(best, tmp)
+    return best
+
+
+@torch.no_grad()
+def heldout_loss(draft: MappedLlamaForCausalLM, held: list[Example], batch_tokens: int) -> float:
+    """Mean soft cross-entropy over every held-out answer token."""
+    total, n = 0.0, 0
+    for group in _batches(held, batch_tokens, np.random.default_rng(0)):
+        loss = _loss(draft, [held[i] for i in group])[0]
+        total, n = total + float(loss.sum()), n + loss.numel()
+    return total / max(n, 1)
 
 
 @torch.no_grad()
@@ -261,14 +299,18 @@ def render_card(card: dict) -> str:
         f"rows), with a vocabulary of the {card['kept_tokens']} "
         "target tokens most frequent in the training answers plus one `other` row; it reads and writes target "
         "ids, and never drafts a token it does not keep (output stays exact).", "",
-        f"- Data: the target's own greedy and sampled (T=0.8) answers to the prompt suite's train and tune "
-        f"splits (`treewise pair teacher`), {card['teacher_answers']} answers; {card['train_answers']} train "
+        f"- Data: the target's own answers (greedy, and sampled at T=0.8 where the teacher ran with "
+        f"`--sampled`) to the train and tune splits of the teacher's prompt suites (`treewise pair teacher`; "
+        f"docs/real-pair.md names the suites), {card['teacher_answers']} answers; {card['train_answers']} train "
         f"({card['train_answer_tokens']} answer tokens), {card['heldout_answers']} held out by prompt id. "
-        "The test split is never seen.",
+        "The test split of data/prompts is never seen.",
         "- Loss: cross-entropy against the target's top-32 probabilities at every answer token (mass on unkept "
         "tokens goes to `other`).",
         f"- Training: {card['steps']} steps, {card['epochs']} full epochs, {card['cpu_minutes']} minutes on "
-        f"{card['threads']} CPU threads; final loss (moving average) {card['final_loss']:.3f}.",
+        f"{card['threads']} CPU threads; final loss (moving average) {card['final_loss']:.3f}. The weights are "
+        f"those of step {card.get('selected_step', card['steps'])}, the lowest held-out loss of "
+        f"{len(card.get('selections', [])) or 1} scorings during training (early stopping), so the held-out "
+        "figures below are slightly optimistic.",
         "- Reproduce: `treewise pair teacher` then `treewise pair train-draft`.", "",
         "| held-out domain | answer tokens | loss | kept-vocabulary coverage | top-1 agreement with target |",
         "|---|---|---|---|---|",

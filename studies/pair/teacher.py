@@ -3,8 +3,9 @@
 A draft learns the distribution it will be verified against, so its training text is what the target itself
 says (DistillSpec, arXiv 2310.08461): each prompt goes through the target's chat template and the target answers
 greedily and once more by sampling; every answer token keeps the target's top-k raw logits as the soft label.
-Prompts come from the suite's train and tune splits only, so the test split that benches and studies score is
-never trained on.
+Prompts come from the train and tune splits of one or more suites (data/prompts; a larger teacher suite built
+by ``treewise pair prompts``) only, so the test split that benches and studies score is never trained on. Jobs
+run in a seeded order mixed over suites and domains, so a budget that ends early still covers every domain.
 
 Batches are written as ``shard-NNNNN.npz`` through ``atomic_path`` and the manifest (done prompt keys, elapsed
 seconds) is rewritten atomically after each one, so a killed run resumes with at most one batch lost and the
@@ -15,16 +16,18 @@ from __future__ import annotations
 
 import json
 import time
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
-from pydantic import BaseModel
+from pydantic import BaseModel, field_validator
 
 from treewise.decoder.atomic import atomic_path, write_bytes_atomic
 from treewise.decoder.chat import chat_ids
+from treewise.decoder.errors import TreewiseError
 from treewise.studies.shared.suites import load_suite
 
 MANIFEST = "manifest.json"
@@ -33,7 +36,7 @@ MANIFEST = "manifest.json"
 class TeacherConfig(BaseModel):
     target: Path
     out: Path
-    suite: Path
+    suite: tuple[Path, ...]  # one folder or several; their ids must not collide
     splits: tuple[str, ...] = ("train", "tune")
     max_prompt_tokens: int = 384  # longer prompts keep their last tokens (the question usually ends them)
     max_new_tokens: int = 128
@@ -44,6 +47,11 @@ class TeacherConfig(BaseModel):
     minutes: float = 60.0
     threads: int = 2
     seed: int = 0
+
+    @field_validator("suite", mode="before")
+    @classmethod
+    def _one_or_more(cls, value: object) -> object:
+        return (value,) if isinstance(value, (str, Path)) else value
 
 
 @dataclass(frozen=True)
@@ -63,8 +71,17 @@ class TeacherProgress:
 
 
 def teacher_jobs(cfg: TeacherConfig) -> list[TeacherJob]:
-    """Every (prompt, mode) pair to answer, greedy passes first so a short budget still covers every prompt."""
-    prompts = [p for split in cfg.splits for p in load_suite(cfg.suite, split)]
+    """Every (prompt, mode) pair to answer, greedy passes first so a short budget still covers every prompt, each
+    pass in an order shuffled by a hash of the prompt id (domains and suites mixed, the same on every restart)."""
+    prompts = [p for suite in cfg.suite for split in cfg.splits for p in load_suite(suite, split)]
+    ids = [p.id for p in prompts]
+    if len(set(ids)) != len(ids):
+        dup = next(i for i in ids if ids.count(i) > 1)
+        raise TreewiseError(f"prompt id {dup!r} is in more than one teacher suite: give each suite its own ids")
+    prompts.sort(key=lambda p: zlib.crc32(f"{cfg.seed}:{p.id}".encode()))
+    window = cfg.batch_size * 8  # similar lengths share a batch: a left-padded batch costs its longest prompt
+    prompts = [p for at in range(0, len(prompts), window)
+               for p in sorted(prompts[at:at + window], key=lambda p: len(p.prompt))]
     modes = [False, True] if cfg.sampled else [False]
     return [TeacherJob(f"{p.id}/{'sampled' if s else 'greedy'}", p.domain, p.prompt, s) for s in modes for p in prompts]
 

@@ -133,3 +133,19 @@ def test_a_foreign_checkpoint_is_one_clear_error(teacher, tmp_path: Path) -> Non
     (cfg.work / "draft.pt").write_bytes(b"not a checkpoint")
     with pytest.raises(TreewiseError, match="not a train-draft checkpoint.*delete"):
         train_draft(cfg)
+
+
+def test_the_export_is_the_checkpoint_with_the_lowest_held_out_loss(teacher, tmp_path: Path) -> None:
+    cfg = _cfg(teacher, tmp_path, 0.05).model_copy(update={"select_every_s": 0.0, "lr": 0.05})
+    card = train_draft(cfg)
+    scores = card["selections"]
+    assert len(scores) >= 2 and [s[0] for s in scores] == sorted(s[0] for s in scores)
+    best = min(scores, key=lambda s: s[2])
+    assert card["selected_step"] == best[0]
+    saved = torch.load(cfg.work / "best.pt", weights_only=True)
+    assert saved["step"] == best[0] and abs(saved["loss"] - best[2]) < 1e-3
+    draft = AutoModelForCausalLM.from_pretrained(cfg.out)
+    for name, value in saved["model"].items():
+        if name != "lm_head.weight" and value.is_floating_point():
+            torch.testing.assert_close(draft.state_dict()[name], value.to(torch.bfloat16).float())
+    assert f"those of step {best[0]}" in (cfg.out / "README.md").read_text()

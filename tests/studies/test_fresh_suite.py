@@ -6,7 +6,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from treewise.studies.pair.corpus.fresh import FreshConfig, excluded, parse_first_turns, select
+from treewise.studies.pair.corpus.sources import SourceMissing
 
 
 def _conv(cid: str, first: str, text: str) -> dict:
@@ -48,3 +51,14 @@ def test_select_leaves_out_excluded_ids_and_texts_and_balances_sources(tmp_path:
     everything = select("code", cands, ids, texts, FreshConfig(per_domain=10))
     assert sorted(r["id"] for r in everything) == ["code-humaneval-2", "code-sharegpt-12", "code-sharegpt-8"]
     assert [r["split"] for r in everything].count("tune") == 1  # round(3 * 0.2): a fifth goes to tuning
+
+
+def test_several_suites_are_left_out_and_a_missing_one_is_one_clear_error(tmp_path: Path) -> None:
+    for name, pid, text in (("a", "code-x-1", "Write a loop in Python please."), ("b", "math-y-2", "Add 2 and 3.")):
+        (tmp_path / name).mkdir()
+        row = {"id": pid, "domain": pid.split("-")[0], "prompt": text, "split": "train"}
+        (tmp_path / name / "p.jsonl").write_text(json.dumps(row) + "\n", encoding="utf-8")
+    ids, texts = excluded(tmp_path / "a", tmp_path / "b")
+    assert ids == {"x-1", "y-2"} and texts == {"Write a loop in Python please.", "Add 2 and 3."}
+    with pytest.raises(SourceMissing, match="--exclude .*nope: no such suite folder"):
+        excluded(tmp_path / "a", tmp_path / "nope")

@@ -10,7 +10,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from treewise.decoder.chat import chat_ids
-from treewise.studies.pair.teacher import MANIFEST, TeacherConfig, read_manifest, run_teacher
+from treewise.decoder.errors import TreewiseError
+from treewise.studies.pair.teacher import MANIFEST, TeacherConfig, read_manifest, run_teacher, teacher_jobs
 
 TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
             "{% if add_generation_prompt %}<|assistant|>{% endif %}")
@@ -80,3 +81,20 @@ def test_a_killed_run_resumes_without_repeating_a_prompt(target, tmp_path) -> No
     keys = [k for s in shards(cfg.out) for k in s["keys"].tolist()]
     assert sorted(keys) == sorted(f"p{i}/greedy" for i in (0, 1, 2, 4))
     assert json.loads((cfg.out / MANIFEST).read_text())["elapsed_s"] > 0
+
+
+def test_several_suites_are_answered_in_one_mixed_order_and_colliding_ids_are_refused(target, tmp_path) -> None:
+    first = suite(tmp_path)
+    other = tmp_path / "other"
+    other.mkdir()
+    rows = [{"id": f"q{i}", "domain": "math", "prompt": f"add {i} and {i}", "split": "train"} for i in range(6)]
+    (other / "math.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    cfg = TeacherConfig(target=target, out=tmp_path / "teacher", suite=(first, other), sampled=False)
+    jobs = teacher_jobs(cfg)
+    assert sorted(j.key for j in jobs) == sorted([f"p{i}/greedy" for i in (0, 1, 2, 4)]
+                                                 + [f"q{i}/greedy" for i in range(6)])
+    assert jobs == teacher_jobs(cfg), "the same order on every restart"
+    assert [j.key for j in jobs] != sorted(j.key for j in jobs), "suites and domains are mixed, not in file order"
+    (other / "code.jsonl").write_text(json.dumps({"id": "p0", "domain": "code", "prompt": "x", "split": "train"}))
+    with pytest.raises(TreewiseError, match="'p0' is in more than one teacher suite"):
+        teacher_jobs(cfg)

