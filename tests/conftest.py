@@ -101,3 +101,30 @@ class DraftProb:
     def predict_batch(self, features: Mapping[str, np.ndarray]) -> np.ndarray:
         return np.exp(features["draft_logprob"].astype(np.float64))
 
+
+
+@pytest.fixture
+def fresh_pg_db():
+    """Makes empty databases on the TREEWISE_PG_URL server (URL of each returned) and drops them afterwards."""
+    import uuid
+
+    from sqlalchemy import create_engine, text
+
+    url = os.environ.get("TREEWISE_PG_URL")
+    if not url:
+        pytest.skip("no PostgreSQL: set TREEWISE_PG_URL (.ci/run starts a throwaway cluster)")
+    engine = create_engine(url, isolation_level="AUTOCOMMIT")
+    made: list[str] = []
+
+    def make() -> str:
+        name = f"fresh_{uuid.uuid4().hex[:10]}"
+        with engine.connect() as conn:
+            conn.execute(text(f"CREATE DATABASE {name}"))
+        made.append(name)
+        return f"{url.rsplit('/', 1)[0]}/{name}"
+
+    yield make
+    with engine.connect() as conn:
+        for name in made:
+            conn.execute(text(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+    engine.dispose()

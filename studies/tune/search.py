@@ -58,7 +58,7 @@ from .results import (
     open_storage,
     study_name_for,
 )
-from .storage import safe_url
+from .storage import safe_url, storage_lock
 
 PolicyFactory = Callable[[DomainBudget], TreePolicy]
 TrialCallback = Callable[[str, FrozenTrial, FrozenTrial | None], None]  # domain, trial, best in storage
@@ -102,7 +102,8 @@ def tune(cfg: TuneConfig, *, dec: TreeDecoder | None = None, predictor: Acceptan
     prompts = {d: select_prompts(_bench_cfg(cfg, cfg.split, [d], cfg.per_domain)) for d in domains}
     storage = open_storage(cfg.storage, cfg.heartbeat_s)
     setup = _setup(cfg, dec or load_bench_decoder(_bench_cfg(cfg, cfg.split, None, 1)), predictor, policy_factory)
-    studies = {d: _open_study(storage, cfg, d, setup.space) for d in domains}
+    with storage_lock(cfg.storage):  # workers started at once: one creates each study and queues its warm start
+        studies = {d: _open_study(storage, cfg, d, setup.space) for d in domains}
     if on_start is not None:
         on_start({d: StudyStart.of(study) for d, study in studies.items()})
     for domain, study in studies.items():

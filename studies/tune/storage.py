@@ -4,12 +4,25 @@
 :class:`TuneError`; :func:`open_storage` then checks the file or driver and connects. RDB storages (SQLite,
 PostgreSQL, MySQL) get a heartbeat: a trial whose worker stops beating (killed, machine lost) is marked FAIL
 by the next worker that starts a trial or finalises, and re-queued once more for another worker to run.
+
+Workers started at once on a fresh database all create Optuna's tables, and the database refuses all but
+the first (PostgreSQL: a unique violation on ``pg_type``, or "relation already exists"; SQLite: "table
+already exists"; Optuna issue #1092). :func:`storage_lock` serialises that first use across processes and
+machines (PostgreSQL's advisory lock, MySQL's ``GET_LOCK``, an ``flock`` beside a SQLite or journal file), and
+:func:`open_storage` holds it while it connects, retrying the known race errors a few times besides (a process
+that does not take the lock, such as optuna-dashboard, may still create the tables at the same moment).
 """
 
 from __future__ import annotations
 
+import fcntl
+import os
+import random
 import re
+import time
 import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -31,6 +44,12 @@ except ImportError:  # pragma: no cover - older Optuna
 
 JOURNAL = "journal://"
 BACKENDS = ("sqlite", "postgresql", "mysql")
+LOCK_WAIT_S = 120.0  # how long a worker waits for another's first open (creating the schema takes ~1 s)
+LOCK_KEY = 0x7472_6565  # PostgreSQL advisory lock key ("tree"); advisory locks are per database
+OPEN_ATTEMPTS = 4  # tries of a first open that hits a known race error, jittered apart
+# Errors two processes creating Optuna's schema at once get (psycopg, sqlite3, MySQL): retried, never others.
+_RACE = re.compile(r"already exists|duplicate key value|UniqueViolation|database is locked|Duplicate entry",
+                   re.IGNORECASE)
 MAX_RETRY = 2  # a trial re-queued this often after dead workers is left FAILED (it may be what kills them)
 _URL_HINT = "use sqlite:///PATH, postgresql://USER@HOST[:PORT]/DB, mysql+pymysql://USER@HOST/DB or journal:///PATH"
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
@@ -144,20 +163,110 @@ def open_storage(url: str, heartbeat_s: int | None = None, must_exist: bool = Fa
             raise TuneError(f"storage {shown(url)}: journal file {spec.path} cannot be opened: {err.strerror}") \
                 from None
     _check_driver(spec)
-    kwargs: dict = {}
-    if spec.backend == "sqlite":
-        kwargs["connect_args"] = {"timeout": 60}  # several workers: wait for the write lock rather than fail
-    elif spec.backend == "postgresql":
-        kwargs["connect_args"] = {"connect_timeout": 15}  # an unreachable host fails instead of hanging
-    try:
+    kwargs = {"connect_args": _connect_args(spec)}
+
+    def connect() -> BaseStorage:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)  # heartbeats are "experimental"
             heartbeat = {} if heartbeat_s is None else {
                 "heartbeat_interval": heartbeat_s, "grace_period": 3 * heartbeat_s,
                 _RETRY_ARG: _Retry(max_retry=MAX_RETRY)}
             return RDBStorage(url, engine_kwargs=kwargs, **heartbeat)
-    except Exception as err:  # sqlalchemy connects here; its first line names the problem (refused, auth, ...)
-        raise TuneError(f"storage {shown(url)} cannot be opened: {_first_line(err)}") from None
+
+    with storage_lock(url):
+        return _retry_race(connect, url)
+
+
+def _connect_args(spec: StorageUrl) -> dict:
+    if spec.backend == "sqlite":
+        return {"timeout": 60}  # several workers: wait for the write lock rather than fail
+    if spec.backend == "postgresql":
+        return {"connect_timeout": 15}  # an unreachable host fails instead of hanging
+    return {}
+
+
+def _retry_race(connect: Callable[[], BaseStorage], url: str) -> BaseStorage:
+    """``connect()``, tried again after a known schema-creation race error; any other error is one TuneError."""
+    for attempt in range(OPEN_ATTEMPTS):
+        try:
+            return connect()
+        except Exception as err:  # sqlalchemy connects here; its first line names the problem (refused, auth, ...)
+            if attempt + 1 < OPEN_ATTEMPTS and _RACE.search(str(err)):
+                time.sleep(random.uniform(0.2, 1.0) * (attempt + 1))  # another process is creating the tables
+                continue
+            raise TuneError(f"storage {shown(url)} cannot be opened: {_first_line(err)}") from None
+    raise AssertionError("unreachable")
+
+
+@contextmanager
+def storage_lock(url: str, wait_s: float = LOCK_WAIT_S) -> Iterator[None]:
+    """Hold a lock that every treewise process using ``url`` shares, across machines where the storage is a server.
+
+    Held around a storage's first open and around creating a study and queuing its warm start, so workers
+    started at once neither race to create the schema nor queue the warm start twice. The lock dies with its
+    holder (a server session ends with its connection, an ``flock`` with its process, kill -9 included).
+    """
+    spec = parse_storage_url(url)
+    if spec.backend in ("postgresql", "mysql"):
+        with _server_lock(spec, wait_s):
+            yield
+        return
+    assert spec.path is not None
+    lock_path = spec.path.with_name(spec.path.name + ".lock")
+    try:
+        lock_path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as err:
+        raise TuneError(f"storage {shown(url)}: cannot create its lock file {lock_path}: {err.strerror}") from None
+    try:
+        _wait(lambda: _try_flock(fd), url, wait_s)
+        yield
+    finally:
+        os.close(fd)  # drops the flock
+
+
+def _try_flock(fd: int) -> bool:
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return False
+
+
+@contextmanager
+def _server_lock(spec: StorageUrl, wait_s: float) -> Iterator[None]:
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.pool import NullPool
+
+    _check_driver(spec)
+    if spec.backend == "postgresql":
+        take, drop = text(f"SELECT pg_try_advisory_lock({LOCK_KEY})"), text(f"SELECT pg_advisory_unlock({LOCK_KEY})")
+    else:
+        take, drop = text("SELECT GET_LOCK('treewise-tune', 0)"), text("SELECT RELEASE_LOCK('treewise-tune')")
+    engine = create_engine(spec.url, poolclass=NullPool, connect_args=_connect_args(spec))
+    try:
+        conn = engine.connect()
+    except Exception as err:
+        engine.dispose()
+        raise TuneError(f"storage {shown(spec.url)} cannot be opened: {_first_line(err)}") from None
+    try:
+        _wait(lambda: bool(conn.execute(take).scalar()), spec.url, wait_s)
+        try:
+            yield
+        finally:
+            conn.execute(drop)
+    finally:
+        conn.close()  # ends the session, and with it any lock it still holds
+        engine.dispose()
+
+
+def _wait(try_take: Callable[[], bool], url: str, wait_s: float) -> None:
+    deadline = time.monotonic() + wait_s
+    while not try_take():
+        if time.monotonic() > deadline:
+            raise TuneError(f"storage {shown(url)}: another treewise process has held its lock for over {wait_s:.0f} s "
+                            "(a worker stuck while opening it?): stop that process, or retry")
+        time.sleep(random.uniform(0.05, 0.25))
 
 
 def _check_file(spec: StorageUrl, must_exist: bool) -> None:
