@@ -15,8 +15,6 @@ that does not take the lock, such as optuna-dashboard, may still create the tabl
 
 from __future__ import annotations
 
-import fcntl
-import os
 import random
 import re
 import time
@@ -32,6 +30,7 @@ from optuna.storages import BaseStorage, JournalStorage, RDBStorage
 from optuna.storages.journal import JournalFileBackend
 
 from treewise.decoder import TreewiseError
+from treewise.studies.shared.locks import FileLock, LockedError
 
 try:  # Optuna >= 4.9 renamed the retry callback and its RDBStorage argument
     from optuna.storages import RetryHeartbeatStaleTrialCallback as _Retry
@@ -194,8 +193,12 @@ def _retry_race(connect: Callable[[], BaseStorage], url: str) -> BaseStorage:
             if attempt + 1 < OPEN_ATTEMPTS and _RACE.search(str(err)):
                 time.sleep(random.uniform(0.2, 1.0) * (attempt + 1))  # another process is creating the tables
                 continue
-            raise TuneError(f"storage {shown(url)} cannot be opened: {_first_line(err)}") from None
+            raise _unopenable(url, err) from None
     raise AssertionError("unreachable")
+
+
+def _unopenable(url: str, err: BaseException) -> TuneError:
+    return TuneError(f"storage {shown(url)} cannot be opened: {_first_line(err)}")
 
 
 @contextmanager
@@ -212,24 +215,24 @@ def storage_lock(url: str, wait_s: float = LOCK_WAIT_S) -> Iterator[None]:
             yield
         return
     assert spec.path is not None
-    lock_path = spec.path.with_name(spec.path.name + ".lock")
+    # Not FILE.lock: Optuna's journal backend takes that name for its own lock, and waits out its 30 s grace
+    # period when it finds the file there.
+    lock = FileLock(spec.path.with_name(spec.path.name + ".tune-lock"), f"storage {shown(url)}")
     try:
-        lock_path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        _wait(lambda: _try_file_lock(lock), url, wait_s)
     except OSError as err:
-        raise TuneError(f"storage {shown(url)}: cannot create its lock file {lock_path}: {err.strerror}") from None
+        raise TuneError(f"storage {shown(url)}: cannot create its lock file {lock.path}: {err.strerror}") from None
     try:
-        _wait(lambda: _try_flock(fd), url, wait_s)
         yield
     finally:
-        os.close(fd)  # drops the flock
+        lock.release()  # drops the flock
 
 
-def _try_flock(fd: int) -> bool:
+def _try_file_lock(lock: FileLock) -> bool:
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        lock.acquire()
         return True
-    except BlockingIOError:
+    except LockedError:
         return False
 
 
@@ -248,7 +251,7 @@ def _server_lock(spec: StorageUrl, wait_s: float) -> Iterator[None]:
         conn = engine.connect()
     except Exception as err:
         engine.dispose()
-        raise TuneError(f"storage {shown(spec.url)} cannot be opened: {_first_line(err)}") from None
+        raise _unopenable(spec.url, err) from None
     try:
         _wait(lambda: bool(conn.execute(take).scalar()), spec.url, wait_s)
         try:

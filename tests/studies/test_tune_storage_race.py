@@ -15,13 +15,14 @@ import threading
 import time
 from pathlib import Path
 
+import optuna
 import pytest
 
 from treewise.studies.tune.storage import TuneError, open_storage, storage_lock
 
 ROOT = Path(__file__).resolve().parents[2]
 PG_URL = os.environ.get("TREEWISE_PG_URL")
-WORKERS, ROUNDS = 4, 5
+WORKERS, ROUNDS = 4, 3
 
 # Each worker opens the round's storage at the round's instant (a shared clock, no other synchronisation),
 # creates the study with load_if_exists as `tune` does, and prints what happened per round.
@@ -71,6 +72,17 @@ def test_workers_opening_a_fresh_sqlite_file_at_once_all_succeed(tmp_path) -> No
 
 def test_workers_opening_a_fresh_journal_at_once_all_succeed(tmp_path) -> None:
     _all_opened(_race([f"journal:///{tmp_path}/fresh{k}.log" for k in range(ROUNDS)]))
+
+
+def test_the_lock_leaves_the_journal_backend_its_own_lock_file(tmp_path) -> None:
+    """storage_lock once took FILE.lock, the name Optuna's journal backend locks with: every study created under
+    it waited out the backend's 30 s grace period."""
+    url = f"journal:///{tmp_path}/j.log"
+    storage = open_storage(url)
+    t0 = time.perf_counter()
+    with storage_lock(url):
+        optuna.create_study(storage=storage, study_name="one", load_if_exists=True)
+    assert time.perf_counter() - t0 < 10
 
 
 @pytest.mark.postgres
