@@ -54,7 +54,7 @@ from .budgets import BudgetsFile, DomainBudget, load_budgets
 from .features import FeatureLayout, dict_scorer, raw_step_scalars
 from .guard import PayoffGuard
 from .latency import LatencyProfile
-from .level import DEFAULT_TYPES, DRAFT_MS, Kernels, LevelState, kernels, python_kernels, tried_rows
+from .level import DEFAULT_TYPES, DRAFT_MS, GAIN, Kernels, LevelState, kernels, python_kernels, tried_rows
 from .stepcost import MeasuredCosts
 
 PRIOR_ACCEPTANCE = 0.5  # assumed before a request has verified anything
@@ -133,14 +133,15 @@ class Costs:
     root_draft_ms: float  # the root's draft forward
     cost_scale: float
 
-    def root_cost(self, tree_ms: float = 0.0, plain_ms: float = 0.0, ratio: float = 1.0) -> float:
-        """What a first draft forward and verified node cost over a plain step, in expected tokens at a fresh
-        step (gain 1, no nodes); ``tree_ms`` / ``plain_ms``: measured time outside the forwards of each kind,
-        ``ratio``: a tree step's forwards against a plain step's, measured over predicted (stepcost)."""
+    def tree_pays(self, gain: float, tree_ms: float, plain_ms: float = 0.0, ratio: float = 1.0) -> bool:
+        """Whether a tree step expected to deliver ``gain`` tokens (1 + its kept nodes' path values) in
+        ``tree_ms`` (its draft forwards, its verify and the measured time outside them, in the profile's ms)
+        beats a plain step (``plain_ms``: its measured time outside the forward) in tokens per millisecond:
+        the extra tokens against ``cost_scale`` times the extra time in plain steps. ``ratio``: a tree step's
+        forwards against a plain step's, measured over predicted (stepcost). No profile: always."""
         if not self.target:
-            return 0.0
-        d, t1, t2 = self.root_draft_ms, self.target[1], self.target[2]
-        return self.cost_scale * (d + t2 + tree_ms - (t1 + plain_ms) / ratio) / (d + t1 + tree_ms)
+            return True
+        return gain - 1.0 >= self.cost_scale * (tree_ms * ratio / (self.target[1] + plain_ms) - 1.0)
 
 
 def _costs(latency: LatencyProfile | None, budget: DomainBudget, batch: int) -> Costs:
@@ -168,11 +169,13 @@ class Request:
     costs: Costs  # the cost model at the step's batch size
     context: RequestFeatures
     count: int = 0  # candidates of this step so far
-    drafted: bool = False  # whether this step's root drafted ...
-    drafted_before: bool = False  # ... and the step before's
+    drafted: bool = False  # whether this step's root drafted
     overhead_ms: float = 0.0  # the measured time outside forwards this step's tree was priced with
     root_value: float | None = None  # running mean of the best root child's value
+    tree_gain: float | None = None  # running means over the request's drafted steps: planned expected tokens ...
+    tree_ms: float = 0.0  # ... and planned forwards' ms (draft levels and verify, the profile's units)
     plain_run: int = 0  # plain steps since this request last drafted
+    catch_up: int = 0  # this step's root draft forward also feeds the tokens of this many plain steps
     probe_gap: int = 8  # plain steps before the next probe: doubles after each probe the rule does not follow
 
 
@@ -187,6 +190,7 @@ class LearnedTree:
     online: OnlineConfig | None = field(default_factory=OnlineConfig)  # None: no per-request correction
     guard: PayoffGuard | None = None  # None: no measured never-slower-than-plain rule
     batch_aware: bool = True  # in a batch, size trees by the batch's cost model (False: as if decoding alone)
+    tree_weight: float = 0.25  # of a drafted step's planned tree in the running means the root's rule reads
     measured: bool = True  # correct the cost model by the step times the request gets (controller.stepcost)
     native: bool = True  # each level as one compiled call where numba and the predictor's forest arrays allow
     _calibrator: OnlineCalibrator = field(default_factory=OnlineCalibrator, init=False, repr=False)
@@ -269,7 +273,7 @@ class LearnedTree:
                                DEFAULT_TYPES if table is None else table, cols["tokens"], cols["sibling_rank"],
                                cols["draft_logprob"], cols["draft_entropy"], cols["draft_margin"],
                                cols["path_logprob"], cols["parent_draft_prob"], cols["parent"])
-        if frontier.depth == 1:  # the running mean the root decision reads
+        if frontier.depth == 1:  # the root rule's estimate before the request has planned a tree at this batch
             r.root_value = best if r.root_value is None else 0.5 * (r.root_value + best)
         return LevelPlan.of_arrays(state.keep[at:end], state.children[at:end])
 
@@ -279,13 +283,14 @@ class LearnedTree:
     def observe(self, outcome: StepOutcome) -> None:
         r = self._request
         r.context.observe(outcome.accepted, outcome.tried)
+        if r.drafted and r.costs.target:  # what the planned tree was worth, for the next root decision
+            w = self.tree_weight if r.tree_gain is not None else 1.0
+            r.tree_gain = (1 - w) * (r.tree_gain or 0.0) + w * r.state.scalars[GAIN]
+            r.tree_ms = (1 - w) * r.tree_ms + w * self._forwards_ms(outcome, catch_up=False)
         if self.measured and r.costs.target:
-            # The forwards the profile predicts for this step's shape: draft levels and the verified tree.
             drafted = r.drafted
-            predicted = (r.state.scalars[DRAFT_MS] - r.overhead_ms if drafted else 0.0) + r.costs.target[
-                min(outcome.verified + 1, len(r.costs.target) - 1)]
-            measurable = outcome.step > 0 and (r.drafted_before or not drafted)  # no prefill, no catch-up
-            self._steps.end(predicted, outcome.forward_ms, drafted, measurable)
+            self._steps.end(self._forwards_ms(outcome, catch_up=True), outcome.forward_ms, drafted, outcome.step > 0,
+                            probe=drafted and r.catch_up >= 2)
         if self.guard is not None:
             self.guard.observe(outcome.verified, outcome.accepted)
         if self.online is not None and outcome.verified > outcome.extra:
@@ -301,13 +306,22 @@ class LearnedTree:
             if n > 0:
                 cal.absorb(state.cal[:5].tolist(), n)
 
+    def _forwards_ms(self, outcome: StepOutcome, catch_up: bool) -> float:
+        """The forwards the profile predicts for this step's shape: its draft levels and the verified tree;
+        ``catch_up``: with the tokens of the plain steps before it in its root's draft forward."""
+        r = self._request
+        target = r.costs.target
+        ms = target[min(outcome.verified + 1, len(target) - 1)]
+        if r.drafted:
+            ms += r.state.scalars[DRAFT_MS] - r.overhead_ms
+            if catch_up and r.catch_up and self.latency is not None:
+                ms += self.latency.for_batch(r.costs.batch).draft_time(r.catch_up + 1) - r.costs.root_draft_ms
+        return ms
+
     def _plan_root(self, frontier: Frontier) -> LevelPlan:
         r = self._request
         r.count = 0
         r.context.begin_step()
-        # The predictor's own recent view of the best root child; before any, the request's running acceptance.
-        rate = frontier.running_accept_rate
-        est = r.root_value if r.root_value is not None else PRIOR_ACCEPTANCE if rate != rate else rate
         if self.batch_aware and frontier.batch != r.costs.batch and self.latency is not None:
             self._rebatch(frontier.batch)
         tree_ms = plain_ms = 0.0
@@ -317,7 +331,15 @@ class LearnedTree:
             tree_ms, plain_ms = self._steps.tree_ms, self._steps.plain_ms
             ratio = self._steps.ratio if solo else 1.0
         allowed = self.guard.allow() if self.guard is not None else True  # always: it times the steps
-        pays = est >= r.costs.root_cost(tree_ms, plain_ms, ratio)
+        # The request's recent trees as planned, their overhead as it is measured now, against a plain step;
+        # before one is planned at this batch size, a tree of the best root child alone.
+        if r.tree_gain is not None:
+            gain, forwards = r.tree_gain, r.tree_ms
+        else:
+            rate = frontier.running_accept_rate
+            gain = 1.0 + (r.root_value if r.root_value is not None else PRIOR_ACCEPTANCE if rate != rate else rate)
+            forwards = r.costs.root_draft_ms + r.costs.target[2] if r.costs.target else 0.0
+        pays = r.costs.tree_pays(gain, forwards + tree_ms, plain_ms, ratio)
         probe = frontier.step == 0 or r.plain_run >= r.probe_gap
         draft = (pays or probe) and allowed and not (self.measured and solo and self._steps.plain_due())
         # A probe costs a tree step that the rule judged not to pay: back off while they keep not paying.
@@ -325,8 +347,9 @@ class LearnedTree:
             r.probe_gap = self.probe_every
         elif draft and frontier.step > 0:
             r.probe_gap = min(2 * r.probe_gap, self.probe_max)
+        r.catch_up = r.plain_run if draft and not r.drafted else 0  # tokens the draft has not seen, but one
         r.plain_run = 0 if draft else r.plain_run + 1
-        r.drafted_before, r.drafted, r.overhead_ms = r.drafted, draft, tree_ms
+        r.drafted, r.overhead_ms = draft, tree_ms
         if draft:  # the level keeps the step's running state from here; a step's time outside its forwards
             # counts in each node's share of the step (it is paid whatever the tree's size)
             cal = self._calibrator
@@ -365,5 +388,6 @@ class LearnedTree:
         """The step's batch size changed (rows joined or finished): the level reads the costs at the new one."""
         r = self._request
         r.costs = _costs(self.latency, r.budget, batch)
+        r.tree_gain, r.tree_ms = None, 0.0  # trees planned at another batch size say little about this one
         r.state.target[:] = r.costs.target  # in place: the level's argument tuple holds these arrays
         r.state.draft[:] = r.costs.draft

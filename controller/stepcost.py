@@ -18,9 +18,11 @@ first few measured tree steps and then one every ``plain_every``. Step times are
 are not (1-7 between neighbouring steps), so these averages settle in a few steps; ``PayoffGuard`` judged
 drafting from tokens per step and cost more than it saved (docs/performance.md). Estimates from n steps count
 n / (n + ``prior``) against the profile's own view (scale 1, no overhead). A step that carries a prefill (a
-request's first) or a draft catch-up (the first tree step after plain steps) is not measured. What was learned
-carries over to the next request (the machine is the same) with the weight of ``carry`` step: the ratio waits
-for the request's own first measured tree step.
+request's first) is not measured; the first tree step after plain steps is, its draft catch-up (the plain steps'
+tokens fed in its root's draft forward) in its predicted forwards, and a probe after a run of plain steps weighs
+``probe_weight``: the tree steps measured before the run are stale, and only a probe can show that drafting pays
+again. What was learned carries over to the next request (the machine is the same) with the weight of ``carry``
+step: the ratio waits for the request's own first measured tree step.
 """
 
 from __future__ import annotations
@@ -58,18 +60,19 @@ class MeasuredCosts:
     prior: float = 2.0  # steps' worth of trust in the profile's own view
     first_plain: int = 2  # measured tree steps before the first plain step a drafting request is asked for
     plain_every: int = 32  # then measured tree steps between plain steps
+    probe_weight: float = 0.6  # of a tree step after a run of plain steps (a probe): the averages are stale then
     carry: int = 1  # steps' worth of trust a new request gives what earlier requests measured
     clock: Callable[[], float] = time.perf_counter
     _tree: _Kind = field(default_factory=_Kind, init=False, repr=False)
     _plain: _Kind = field(default_factory=_Kind, init=False, repr=False)
     _since_plain: int = field(default=0, init=False, repr=False)  # measured tree steps since a plain one
     _t0: float | None = field(default=None, init=False, repr=False)
-    _open: tuple[float, float, bool] | None = field(default=None, init=False, repr=False)  # the step to close
+    _open: tuple[float, float, bool, bool] | None = field(default=None, init=False, repr=False)  # step to close
 
     def start(self) -> None:
         """A new request: its first step carries a prefill. What the machine's steps cost is kept, but trusted
-        as ``carry`` steps at most: a request that stopped drafting measures no tree step (its probes carry the
-        draft catch-up), so each new request weighs the profile back in and re-measures."""
+        as ``carry`` steps at most: a request that stopped drafting measures tree steps only by its probes, so each
+        new request weighs the profile back in and re-measures."""
         for kind in (self._tree, self._plain):
             kind.scale.n, kind.outside.n = min(kind.scale.n, self.carry), min(kind.outside.n, self.carry)
         self._t0 = self._open = None
@@ -83,17 +86,20 @@ class MeasuredCosts:
         """At a step's root: the previous step ends here; fold it in if it was measurable."""
         now = self.clock()
         if self._t0 is not None and self._open is not None:
-            predicted, forward, drafted = self._open
+            predicted, forward, drafted, probe = self._open
             kind = self._tree if drafted else self._plain
-            kind.scale.add(forward / predicted, self.weight)
-            kind.outside.add(max(1000 * (now - self._t0) - forward, 0.0), self.weight)
+            w = self.probe_weight if probe else self.weight
+            kind.scale.add(forward / predicted, w)
+            kind.outside.add(max(1000 * (now - self._t0) - forward, 0.0), w)
             self._since_plain = self._since_plain + 1 if drafted else 0
         self._t0, self._open = now, None
 
-    def end(self, predicted_ms: float, forward_ms: float, drafted: bool, measurable: bool) -> None:
-        """After verification: the step's forwards as predicted by the profile and as measured."""
+    def end(self, predicted_ms: float, forward_ms: float, drafted: bool, measurable: bool,
+            probe: bool = False) -> None:
+        """After verification: the step's forwards as predicted by the profile and as measured; ``probe``: a
+        tree step after a run of plain steps, whose measure outweighs what tree steps measured before the run."""
         if measurable and predicted_ms > 0 and math.isfinite(forward_ms) and forward_ms > 0:
-            self._open = (predicted_ms, forward_ms, drafted)
+            self._open = (predicted_ms, forward_ms, drafted, probe)
 
     def _scale(self, kind: _Kind) -> float:
         return max(kind.scale.shrunk(self.prior, 1.0), 1e-3)

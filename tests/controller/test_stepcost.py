@@ -142,13 +142,14 @@ def test_learned_tree_stops_drafting_where_tree_steps_measure_slow(dec, tree_ext
     assert not all(drafted[:8])  # the early plain step that measures one
 
 
-def test_root_cost_grows_with_the_measured_ratio() -> None:
-    """A tree step whose forwards measure dearer than the profile says, against a plain step's, needs a more
-    valuable first node before the request drafts; ratio 1 is the profile's own rule."""
-    costs = Costs(batch=1, target=[0.0, 100.0, 105.0, 110.0], draft=[0.0, 8.0, 9.0, 10.0], root_draft_ms=8.0,
+def test_a_tree_pays_when_its_extra_tokens_beat_its_extra_time() -> None:
+    """The root's rule in goodput: a tree step of ``gain`` expected tokens in ``tree_ms`` against a plain step of
+    one token in T(1) + its overhead; the measured ratio prices the tree's forwards, cost_scale its extra time."""
+    costs = Costs(batch=1, target=[0.0, 10.0, 10.5, 11.0], draft=[0.0, 1.0, 1.1, 1.2], root_draft_ms=1.0,
                   cost_scale=1.0)
-    assert costs.root_cost() == pytest.approx((8 + 105 - 100) / (8 + 100))
-    ratios = [0.5, 1.0, 1.5, 2.0, 4.0]
-    values = [costs.root_cost(2.0, 1.0, r) for r in ratios]
-    assert values == sorted(values) and values[1] == pytest.approx((8 + 105 + 2 - 101) / (8 + 100 + 2))
-    assert values[3] > 0.5 > values[1]  # twice as dear: a first node must be accepted more often than not
+    assert costs.tree_pays(2.0, 20.0) and not costs.tree_pays(1.99, 20.0)  # twice the time for twice the tokens
+    assert costs.tree_pays(2.0, 20.0, plain_ms=0.5) and not costs.tree_pays(2.0, 20.0, ratio=1.1)
+    assert not costs.tree_pays(2.4, 10.0, ratio=2.5) and costs.tree_pays(2.6, 10.0, ratio=2.5)
+    dear = Costs(batch=1, target=costs.target, draft=costs.draft, root_draft_ms=1.0, cost_scale=2.0)
+    assert not dear.tree_pays(2.5, 20.0) and dear.tree_pays(3.0, 20.0)
+    assert Costs(1, [], [], 0.0, 1.0).tree_pays(1.0, 1e9)  # no profile: no cost rule
