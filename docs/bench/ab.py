@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -53,7 +54,7 @@ def build(rev: str, cache: Path, extras: str) -> tuple[str, Path]:
         return sha, tree
     if tree.exists():  # a build killed half-way: start it again
         subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT, capture_output=True)
-        subprocess.run(["rm", "-rf", str(tree)], check=True)
+        shutil.rmtree(tree, ignore_errors=True)
     cache.mkdir(parents=True, exist_ok=True)
     _git("worktree", "add", "--detach", str(tree), sha)
     pip = [str(tree / ".venv/bin/python"), "-m", "pip", "install", "-q"]
