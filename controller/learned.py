@@ -341,7 +341,9 @@ class LearnedTree:
             forwards = r.costs.root_draft_ms + r.costs.target[2] if r.costs.target else 0.0
         pays = r.costs.tree_pays(gain, forwards + tree_ms, plain_ms, ratio)
         probe = frontier.step == 0 or r.plain_run >= r.probe_gap
-        draft = (pays or probe) and allowed and not (self.measured and solo and self._steps.plain_due())
+        measure = self.measured and solo and self._steps.plain_due(
+            not r.costs.tree_pays(gain, forwards + tree_ms, plain_ms, ratio * self._steps.doubt))
+        draft = (pays or probe) and allowed and not measure
         # A probe costs a tree step that the rule judged not to pay: back off while they keep not paying.
         if pays:
             r.probe_gap = self.probe_every

@@ -14,10 +14,12 @@ gives the whole step (root plan to root plan), so the policy learns, separately 
   its scale).
 
 A drafting request measures plain steps only if it takes some: ``plain_due`` asks for one plain step after the
-first few measured tree steps and then one every ``plain_every``. Step times are steady where tokens per step
-are not (1-7 between neighbouring steps), so these averages settle in a few steps; ``PayoffGuard`` judged
-drafting from tokens per step and cost more than it saved (docs/performance.md). Estimates from n steps count
-n / (n + ``prior``) against the profile's own view (scale 1, no overhead). A step that carries a prefill (a
+first few measured tree steps and then one every ``plain_every`` while the decision is close (the caller says
+whether trees would still pay were a plain step ``doubt`` times cheaper than measured): a plain step taken where
+trees pay by far costs a tree step's tokens and cannot change what the rule does. Step times are steady where
+tokens per step are not (1-7 between neighbouring steps), so these averages settle in a few steps; ``PayoffGuard``
+judged drafting from tokens per step and cost more than it saved (docs/performance.md). Estimates from n steps
+count n / (n + ``prior``) against the profile's own view (scale 1, no overhead). A step that carries a prefill (a
 request's first) is not measured; the first tree step after plain steps is, its draft catch-up (the plain steps'
 tokens fed in its root's draft forward) in its predicted forwards, and a probe after a run of plain steps weighs
 ``probe_weight``: the tree steps measured before the run are stale, and only a probe can show that drafting pays
@@ -59,7 +61,8 @@ class MeasuredCosts:
     weight: float = 0.2  # of the newest step in each moving average
     prior: float = 2.0  # steps' worth of trust in the profile's own view
     first_plain: int = 2  # measured tree steps before the first plain step a drafting request is asked for
-    plain_every: int = 32  # then measured tree steps between plain steps
+    plain_every: int = 32  # then measured tree steps between plain steps, while the decision is close
+    doubt: float = 1.5  # how much cheaper than measured a plain step may be before a far decision counts as close
     probe_weight: float = 0.6  # of a tree step after a run of plain steps (a probe): the averages are stale then
     carry: int = 1  # steps' worth of trust a new request gives what earlier requests measured
     clock: Callable[[], float] = time.perf_counter
@@ -132,7 +135,9 @@ class MeasuredCosts:
         """Time a plain step spends outside its forward, in the profile's milliseconds of plain steps."""
         return self._plain.outside.shrunk(self.prior, 0.0) / self.plain_scale
 
-    def plain_due(self) -> bool:
-        """Whether a drafting request should take a plain step now to measure what one costs."""
-        due = self.first_plain if self._plain.scale.n == 0 else self.plain_every
-        return self._since_plain >= due
+    def plain_due(self, close: bool = True) -> bool:
+        """Whether a drafting request should take a plain step now to measure what one costs: the first after
+        ``first_plain`` measured tree steps, later ones only where the decision is ``close``."""
+        if self._plain.scale.n == 0:
+            return self._since_plain >= self.first_plain
+        return close and self._since_plain >= self.plain_every

@@ -78,6 +78,21 @@ def test_plain_steps_are_asked_for_first_early_then_rarely() -> None:
     assert asked[3:10] == [True] * 5 + [False, True]  # then one every five
 
 
+def test_later_plain_steps_only_where_the_decision_is_close() -> None:
+    clock = Clock()
+    costs = MeasuredCosts(clock=clock, first_plain=2, plain_every=5)
+    asked = []
+    for i in range(20):
+        costs.begin()
+        drafted = not costs.plain_due(close=i >= 12)  # trees pay by far until step 12
+        asked.append(drafted)
+        costs.end(10.0, 10.0, drafted, True)
+        clock.now += 0.01
+    assert asked[:3] == [True, True, False]  # the first plain step is taken whatever the decision
+    assert asked[3:12] == [True] * 9  # none while trees pay by far ...
+    assert asked[12] is False  # ... and one as soon as the decision is close
+
+
 def test_unmeasurable_steps_are_skipped() -> None:
     clock = Clock()
     costs = MeasuredCosts(clock=clock)
