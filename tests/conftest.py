@@ -81,6 +81,24 @@ def tiny_pair_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
+CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
+                 "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+
+
+@pytest.fixture
+def chat_target(tiny_pair_dir: Path, tmp_path: Path) -> Path:
+    """The tiny pair's target folder with a chat template (the studies frame prompts as chat turns)."""
+    from transformers import AutoTokenizer
+
+    folder = tmp_path / "target"
+    import shutil
+
+    shutil.copytree(tiny_pair_dir / "target", folder)
+    tok = AutoTokenizer.from_pretrained(folder)
+    tok.chat_template = CHAT_TEMPLATE
+    tok.save_pretrained(folder)
+    return folder
+
 def write_suite(tmp_path: Path) -> Path:
     """A two-domain prompt suite (code, dialogue; two test prompts each) under ``tmp_path/suite``."""
     d = tmp_path / "suite"

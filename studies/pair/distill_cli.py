@@ -28,6 +28,14 @@ def _layers(text: str | None) -> tuple[int, ...] | None:
 
 
 def train_draft_cmd(
+    kind: str = typer.Option("standalone", help="standalone (a small model of its own) or feature (one layer fed "
+                             "the target's hidden states; reads --features)."),
+    features: list[Path] = typer.Option([], help="--kind feature: `treewise pair features` folders (default: the "
+                                        "user cache's features/smollm2)."),
+    passes: int = typer.Option(3, help="--kind feature: passes over the draft's own guesses (training-time test)."),
+    test: list[Path] = typer.Option([], help="--kind feature: features of the test split's teacher answers, scored "
+                                    "per domain for the card (`treewise pair teacher --split test`, then "
+                                    "`treewise pair features --teacher`)."),
     teacher: Path = typer.Option(_d("teacher"), help="Shards of `treewise pair teacher`."),
     target: Path | None = typer.Option(None, help="Target folder (default: the fetched SmolLM2)."),
     work: Path = typer.Option(_d("work"), help="Checkpoint folder (a rerun resumes from it)."),
@@ -48,6 +56,11 @@ def train_draft_cmd(
     from .fetch import SOURCES, fetch
 
     hf_logging.disable_progress_bar()
+    if kind not in ("standalone", "feature"):
+        fail(console, f"--kind {kind!r}: use standalone or feature")
+    if kind == "feature":
+        _train_feature(features, test, target, passes, minutes, batch_tokens, threads)
+        return
     try:
         cfg = DistillConfig(teacher=teacher, target=target or fetch(SOURCES["smollm2"]), work=work, out=out,
                             layers=layers, vocab=vocab,
@@ -68,3 +81,34 @@ def train_draft_cmd(
                       f"{row['top1_agreement']:.3f}")
     console.print(table)
     console.print(f"{card['steps']} steps, {card['cpu_minutes']} min: {out}")
+
+
+def _train_feature(features: list[Path], test: list[Path], target: Path | None, passes: int, minutes: float,
+                   batch_tokens: int, threads: int) -> None:
+    from treewise.studies.shared.fetch import cache_root
+    from treewise.studies.shared.paths import data_dir
+
+    from .feature_train import FeatureProgress, FeatureTrainConfig, train_feature_draft
+    from .fetch import SOURCES, fetch
+
+    models = data_dir() / "models"
+    try:
+        cfg = FeatureTrainConfig(features=tuple(features or [cache_root() / "features" / "smollm2"]),
+                                 test=tuple(test), target=target or fetch(SOURCES["smollm2"]),
+                                 to_target=models / "smollm2-draft",
+                                 work=Path("runs/smollm2-feature-draft"), out=models / "smollm2-feature-draft",
+                                 minutes=minutes, batch_tokens=batch_tokens, passes=passes, threads=threads)
+        with Progress(TextColumn("{task.description}"), BarColumn(), TimeRemainingColumn(), console=console) as bar:
+            task = bar.add_task("train-draft --kind feature", total=cfg.minutes * 60)
+
+            def update(p: FeatureProgress) -> None:
+                bar.update(task, completed=p.elapsed_s, description=f"feature draft step {p.step} loss {p.loss:.3f}")
+
+            card = train_feature_draft(cfg, update)
+    except user_errors() as err:
+        fail(console, err)
+    table = Table("held-out source", "tokens", *(f"top-1 agreement, pass {i + 1}" for i in range(passes)))
+    for source, row in {**card["heldout"], **{f"test {d}": r for d, r in card.get("test", {}).items()}}.items():
+        table.add_row(source, str(row["tokens"]), *(f"{a:.3f}" for a in row["top1_agreement"]))
+    console.print(table)
+    console.print(f"{card['steps']} steps, {card['cpu_minutes']} min: {cfg.out}")

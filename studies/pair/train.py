@@ -225,7 +225,7 @@ def train_stage(
     opt = torch.optim.AdamW(model.parameters(), lr=peak_lr, betas=(0.9, 0.95), weight_decay=0.1)
     state = {"step": 0, "tokens": 0, "elapsed": 0.0, "loss": float("nan")}
     if ckpt_path.exists():
-        state = _restore(ckpt_path, model, opt, device)
+        state = restore_checkpoint(ckpt_path, model, opt, device)
     rng = np.random.default_rng(cfg.seed + state["step"] + (0 if teacher is None else 7919))
     model.train()
     ema: float | None = None
@@ -262,15 +262,15 @@ def train_stage(
         )
         on_progress(TrainProgress(name, state["elapsed"], budget_s, state["step"], state["tokens"], ema))
         if time.monotonic() - last_ckpt > cfg.checkpoint_every_s:
-            _checkpoint(ckpt_path, model, opt, state)
+            save_checkpoint(ckpt_path, model, opt, state)
             last_ckpt = time.monotonic()
-    _checkpoint(ckpt_path, model, opt, state)
+    save_checkpoint(ckpt_path, model, opt, state)
     model.eval()
     params = sum(p.numel() for p in model.parameters())
     return StageResult(name, state["step"], state["tokens"], state["elapsed"], state["loss"], params)
 
 
-def _restore(path: Path, model: torch.nn.Module, opt: torch.optim.Optimizer, device: torch.device,
+def restore_checkpoint(path: Path, model: torch.nn.Module, opt: torch.optim.Optimizer, device: torch.device,
              command: str = "train-pair") -> dict:
     """Load a stage checkpoint (tensors and plain values only: ``weights_only=True`` runs no pickled code)."""
     fix = f"delete {path} to restart that stage, or pass the --work folder of the run that wrote it"
@@ -291,7 +291,7 @@ def _restore(path: Path, model: torch.nn.Module, opt: torch.optim.Optimizer, dev
     return state
 
 
-def _checkpoint(path: Path, model: torch.nn.Module, opt: torch.optim.Optimizer, state: dict) -> None:
+def save_checkpoint(path: Path, model: torch.nn.Module, opt: torch.optim.Optimizer, state: dict) -> None:
     with atomic_path(path) as tmp:
         torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "state": state}, tmp)
 

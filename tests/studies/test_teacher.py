@@ -1,7 +1,6 @@
 """Teacher data for the draft: the target's own answers and top-k logits, test split excluded, resumable."""
 
 import json
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -12,19 +11,6 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from treewise.decoder.chat import chat_ids
 from treewise.decoder.errors import TreewiseError
 from treewise.studies.pair.teacher import MANIFEST, TeacherConfig, read_manifest, run_teacher, teacher_jobs
-
-TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
-            "{% if add_generation_prompt %}<|assistant|>{% endif %}")
-
-
-@pytest.fixture
-def target(tiny_pair_dir, tmp_path) -> Path:
-    folder = tmp_path / "target"
-    shutil.copytree(tiny_pair_dir / "target", folder)
-    tok = AutoTokenizer.from_pretrained(folder)
-    tok.chat_template = TEMPLATE
-    tok.save_pretrained(folder)
-    return folder
 
 
 def suite(tmp_path: Path) -> Path:
@@ -40,16 +26,16 @@ def shards(out: Path) -> list[dict]:
     return [dict(np.load(p)) for p in sorted(out.glob("shard-*.npz"))]
 
 
-def test_answers_are_the_targets_own_and_the_test_split_stays_out(target, tmp_path) -> None:
-    cfg = TeacherConfig(target=target, out=tmp_path / "teacher", suite=suite(tmp_path), max_new_tokens=6,
+def test_answers_are_the_targets_own_and_the_test_split_stays_out(chat_target, tmp_path) -> None:
+    cfg = TeacherConfig(target=chat_target, out=tmp_path / "teacher", suite=suite(tmp_path), max_new_tokens=6,
                         batch_size=3, top_k=5)
     progress = run_teacher(cfg)
     keys = [k for s in shards(cfg.out) for k in s["keys"].tolist()]
     assert sorted(keys) == sorted(f"p{i}/{m}" for i in (0, 1, 2, 4) for m in ("greedy", "sampled"))
     assert progress.done == progress.total == 8 and progress.tokens > 0
 
-    model = AutoModelForCausalLM.from_pretrained(target).eval()
-    tok = AutoTokenizer.from_pretrained(target)
+    model = AutoModelForCausalLM.from_pretrained(chat_target).eval()
+    tok = AutoTokenizer.from_pretrained(chat_target)
     for s in shards(cfg.out):
         starts = np.concatenate([[0], np.cumsum(s["prompt_len"])])
         for row, key in enumerate(s["keys"].tolist()):
@@ -67,8 +53,8 @@ def test_answers_are_the_targets_own_and_the_test_split_stays_out(target, tmp_pa
                 assert answer == logits.argmax(-1).tolist()
 
 
-def test_a_killed_run_resumes_without_repeating_a_prompt(target, tmp_path) -> None:
-    cfg = TeacherConfig(target=target, out=tmp_path / "teacher", suite=suite(tmp_path), max_new_tokens=4,
+def test_a_killed_run_resumes_without_repeating_a_prompt(chat_target, tmp_path) -> None:
+    cfg = TeacherConfig(target=chat_target, out=tmp_path / "teacher", suite=suite(tmp_path), max_new_tokens=4,
                         batch_size=2, top_k=3, sampled=False)
 
     def kill(progress) -> None:
@@ -83,13 +69,13 @@ def test_a_killed_run_resumes_without_repeating_a_prompt(target, tmp_path) -> No
     assert json.loads((cfg.out / MANIFEST).read_text())["elapsed_s"] > 0
 
 
-def test_several_suites_are_answered_in_one_mixed_order_and_colliding_ids_are_refused(target, tmp_path) -> None:
+def test_several_suites_are_answered_in_one_mixed_order_and_colliding_ids_are_refused(chat_target, tmp_path) -> None:
     first = suite(tmp_path)
     other = tmp_path / "other"
     other.mkdir()
     rows = [{"id": f"q{i}", "domain": "math", "prompt": f"add {i} and {i}", "split": "train"} for i in range(6)]
     (other / "math.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
-    cfg = TeacherConfig(target=target, out=tmp_path / "teacher", suite=(first, other), sampled=False)
+    cfg = TeacherConfig(target=chat_target, out=tmp_path / "teacher", suite=(first, other), sampled=False)
     jobs = teacher_jobs(cfg)
     assert sorted(j.key for j in jobs) == sorted([f"p{i}/greedy" for i in (0, 1, 2, 4)]
                                                  + [f"q{i}/greedy" for i in range(6)])
