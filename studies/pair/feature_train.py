@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict
 
+from treewise.decoder.atomic import write_bytes_atomic
 from treewise.decoder.errors import TreewiseError
 from treewise.decoder.feature_draft import FeatureDraft
 
@@ -217,8 +218,38 @@ def train_feature_draft(cfg: FeatureTrainConfig, on_progress: Callable[[FeatureP
             "heldout": evaluate(draft, held, to_draft, cfg)}
     if cfg.test:
         card["test"] = evaluate(draft, load_features(cfg.test), to_draft, cfg)
+        rows = card["test"].values()
+        total = sum(r["tokens"] for r in rows)
+        card["test_overall"] = {"tokens": total, "top1_agreement": [  # token-weighted over the domains
+            round(sum(r["tokens"] * r["top1_agreement"][i] for r in rows) / max(total, 1), 4)
+            for i in range(cfg.passes)]}
     draft.save(cfg.out, card)
+    write_bytes_atomic(cfg.out / "README.md", render_card(card).encode())
     return card
+
+
+def render_card(card: dict) -> str:
+    """The model card: what the draft is, what it saw, and its top-1 agreement per source and pass."""
+    lines = ["# smollm2-feature-draft", "",
+             "A one-layer feature draft for SmolLM2-135M-Instruct (decoder/feature_draft.py): fc([embedding; the",
+             "target's last hidden state]), one Llama decoder layer, the target's final norm and the kept rows of its",
+             f"head ({card['kept_tokens']} tokens, the standalone draft's map). The target's embedding and head are",
+             "attached at load (`FeatureDraft.load(folder, target)`), not stored here.", "",
+             f"Trained by `treewise pair train-draft --kind feature` on {card['train_tokens']:,} assistant tokens of "
+             f"{card['train_conversations']:,} conversations (`treewise pair features`: ShareGPT conversations and "
+             f"teacher answers, teacher-forced through the target), {card['steps']} steps, {card['epochs']} full "
+             f"epochs, {card['cpu_minutes']} minutes on {card['threads']} threads, {card['passes']} passes "
+             "(the later ones fed the draft's own guesses).", "",
+             "Top-1 agreement with the target (pass 1: fed the target's features; later passes: the draft's own, as",
+             "a tree's deeper levels are):", "",
+             "| set | source | tokens | " + " | ".join(f"pass {i + 1}" for i in range(card["passes"])) + " |",
+             "|---|---|---|" + "---|" * card["passes"]]
+    test = {**card.get("test", {}), **({"all, token-weighted": card["test_overall"]} if "test_overall" in card else {})}
+    for name, rows in (("held-out conversations", card["heldout"]), ("test split", test)):
+        for src, row in rows.items():
+            lines.append(f"| {name} | {src} | {row['tokens']} | "
+                         + " | ".join(f"{a:.3f}" for a in row["top1_agreement"]) + " |")
+    return "\n".join(lines) + "\n"
 
 
 @torch.no_grad()

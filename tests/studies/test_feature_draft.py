@@ -104,6 +104,7 @@ def test_the_draft_learns_the_targets_next_token(chat_target, features, tmp_path
     assert last[0]["hits"] > first[0]["hits"] and last[0]["slots"] == first[0]["slots"] > 0
     assert card["steps"] > 0 and card["heldout"]["sharegpt"]["tokens"] > 0
     assert len(card["heldout"]["sharegpt"]["top1_agreement"]) == 2
+    assert "| held-out conversations | sharegpt |" in (cfg.out / "README.md").read_text()
 
 
 DRIVER = """

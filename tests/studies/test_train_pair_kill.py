@@ -89,7 +89,7 @@ def test_kill_9_mid_training_then_the_rerun_continues(tmp_path: Path) -> None:
 def test_checkpoint_with_pickled_code_or_another_shape_is_refused(tmp_path: Path) -> None:
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from treewise.studies.pair.train import _restore
+    from treewise.studies.pair.train import restore_checkpoint
 
     model = LlamaForCausalLM(LlamaConfig(vocab_size=50, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
                                          num_attention_heads=2, num_key_value_heads=2))
@@ -97,12 +97,12 @@ def test_checkpoint_with_pickled_code_or_another_shape_is_refused(tmp_path: Path
     evil = tmp_path / "target.pt"
     torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "state": {"step": Path("x")}}, evil)
     with pytest.raises(TreewiseError, match="not a train-pair checkpoint.*delete .*target.pt"):
-        _restore(evil, model, opt, torch.device("cpu"))
+        restore_checkpoint(evil, model, opt, torch.device("cpu"))
     other = LlamaForCausalLM(LlamaConfig(vocab_size=50, hidden_size=32, intermediate_size=32, num_hidden_layers=1,
                                          num_attention_heads=2, num_key_value_heads=2))
     torch.save({"model": other.state_dict(), "opt": {}, "state": {"step": 1}}, evil)
     with pytest.raises(TreewiseError, match="another model shape"):
-        _restore(evil, model, opt, torch.device("cpu"))
+        restore_checkpoint(evil, model, opt, torch.device("cpu"))
     evil.write_bytes(b"truncated")
     with pytest.raises(TreewiseError, match="not a train-pair checkpoint"):
-        _restore(evil, model, opt, torch.device("cpu"))
+        restore_checkpoint(evil, model, opt, torch.device("cpu"))
