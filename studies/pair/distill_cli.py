@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import typer
 from rich.console import Console
@@ -52,7 +54,7 @@ def train_draft_cmd(
     """Distil a small draft for SmolLM2 from its own answers; resumable; writes the folder and its model card."""
     from transformers.utils import logging as hf_logging
 
-    from .distill import DistillProgress, train_draft
+    from .distill import train_draft
     from .fetch import SOURCES, fetch
 
     hf_logging.disable_progress_bar()
@@ -66,13 +68,7 @@ def train_draft_cmd(
                             layers=layers, vocab=vocab,
                             init_layers=_layers(init_layers), minutes=minutes, batch_tokens=batch_tokens, lr=lr,
                             threads=threads)
-        with Progress(TextColumn("{task.description}"), BarColumn(), TimeRemainingColumn(), console=console) as bar:
-            task = bar.add_task("train-draft", total=cfg.minutes * 60)
-
-            def update(p: DistillProgress) -> None:
-                bar.update(task, completed=p.elapsed_s, description=f"train-draft step {p.step} loss {p.loss:.3f}")
-
-            card = train_draft(cfg, update)
+        card = _with_bar("train-draft", cfg.minutes, lambda update: train_draft(cfg, update))
     except user_errors() as err:
         fail(console, err)
     table = Table("held-out domain", "tokens", "loss", "coverage", "top-1 agreement")
@@ -88,7 +84,7 @@ def _train_feature(features: list[Path], test: list[Path], target: Path | None, 
     from treewise.studies.shared.fetch import cache_root
     from treewise.studies.shared.paths import data_dir
 
-    from .feature_train import FeatureProgress, FeatureTrainConfig, train_feature_draft
+    from .feature_train import FeatureTrainConfig, train_feature_draft
     from .fetch import SOURCES, fetch
 
     models = data_dir() / "models"
@@ -98,13 +94,7 @@ def _train_feature(features: list[Path], test: list[Path], target: Path | None, 
                                  to_target=models / "smollm2-draft",
                                  work=Path("runs/smollm2-feature-draft"), out=models / "smollm2-feature-draft",
                                  minutes=minutes, batch_tokens=batch_tokens, passes=passes, threads=threads)
-        with Progress(TextColumn("{task.description}"), BarColumn(), TimeRemainingColumn(), console=console) as bar:
-            task = bar.add_task("train-draft --kind feature", total=cfg.minutes * 60)
-
-            def update(p: FeatureProgress) -> None:
-                bar.update(task, completed=p.elapsed_s, description=f"feature draft step {p.step} loss {p.loss:.3f}")
-
-            card = train_feature_draft(cfg, update)
+        card = _with_bar("feature draft", cfg.minutes, lambda update: train_feature_draft(cfg, update))
     except user_errors() as err:
         fail(console, err)
     table = Table("held-out source", "tokens", *(f"top-1 agreement, pass {i + 1}" for i in range(passes)))
@@ -112,3 +102,11 @@ def _train_feature(features: list[Path], test: list[Path], target: Path | None, 
         table.add_row(source, str(row["tokens"]), *(f"{a:.3f}" for a in row["top1_agreement"]))
     console.print(table)
     console.print(f"{card['steps']} steps, {card['cpu_minutes']} min: {cfg.out}")
+
+
+def _with_bar(name: str, minutes: float, train: Callable[[Callable[[Any], None]], dict]) -> dict:
+    """Run ``train`` with a progress callback drawing a bar over its time budget (step and loss)."""
+    with Progress(TextColumn("{task.description}"), BarColumn(), TimeRemainingColumn(), console=console) as bar:
+        task = bar.add_task(name, total=minutes * 60)
+        return train(lambda p: bar.update(task, completed=p.elapsed_s, description=f"{name} step {p.step} "
+                                          f"loss {p.loss:.3f}"))
