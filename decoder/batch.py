@@ -17,13 +17,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
-import torch
 
 from .draft import Drafter, DraftFeeds, DraftResult
-from .kvcache import BatchCache, Feed
+from .kvcache import BatchCache, Feed, ModelOut
 from .policy import BatchSizing, RequestInfo, TreePolicy
 from .results import GenerationStats, StepStats
-from .step import StepCore, _Request, _Run, draft_keep, target_keep
+from .step import StepCore, _Request, _Run, target_keep
 from .verify import VerifyInput
 
 
@@ -95,8 +94,10 @@ def _join(dec: StepCore, row: _Row, i: int, target: BatchCache, draft: BatchCach
     row.run.policy.start(RequestInfo(row.run.domain, row.req.prompt_len, row.req.max_new_tokens,
                                      row.run.sampling.temperature, text))
     prefix = row.req.seq[:-1]
-    target.prefill(dec.target, i, prefix)
-    draft.prefill(dec.draft, i, prefix)
+    out = target.prefill(dec.target, i, prefix, hidden=dec.reads_features)
+    dec._chain_features(row.req, None if out is None else out.features, prefix.numel())
+    if not dec.reads_features:  # a feature draft reads the prompt once the target has: on a later step
+        draft.prefill(dec.draft, i, prefix)
 
 
 def _step(dec: StepCore, active: list[_Row], target: BatchCache, draft: BatchCache) -> None:
@@ -111,8 +112,11 @@ def _step(dec: StepCore, active: list[_Row], target: BatchCache, draft: BatchCac
     feeds: list[Feed | None] = [dec._tree_feed(row.req, dr.tree, target.committed_len(i))
                                 for i, (row, dr) in enumerate(zip(active, drafts, strict=True))]
     t1 = time.perf_counter()
-    logits = [lg.float() for lg in target.forward(dec.target, feeds)]  # type: ignore[union-attr]
+    outs = target.run(dec.target, feeds, hidden=dec.reads_features)  # type: ignore[arg-type]
     timing.verify_s = time.perf_counter() - t1
+    logits = [o.logits.float() for o in outs]  # type: ignore[union-attr]
+    tree_feats = [dec._chain_features(row.req, o.features, f.commit)  # type: ignore[union-attr]
+                  for row, o, f in zip(active, outs, feeds, strict=True)]
     accs, emitted = [], []
     for row, ctx, dr, lg in zip(active, ctxs, drafts, logits, strict=True):
         acc = dec.verifier(VerifyInput(dr.tree, lg, row.run.sampling, row.run.draft_mode, dr.draft_probs,
@@ -122,8 +126,12 @@ def _step(dec: StepCore, active: list[_Row], target: BatchCache, draft: BatchCac
             row.log_rows.append(log_rows)
         accs.append(acc)
         emitted.append(out)
-    target.compact([target_keep(acc, out) for acc, out in zip(accs, emitted, strict=True)])
-    draft.compact([draft_keep(dr, acc, out) if draft.committed_len(i) >= row.req.seq.numel() else []
+    kept = [target_keep(acc, out) for acc, out in zip(accs, emitted, strict=True)]
+    target.compact(kept)
+    for row, feats, keep in zip(active, tree_feats, kept, strict=True):
+        dec._kept_features(row.req, feats, keep)
+    lag = dec.draft_lag
+    draft.compact([dec._draft_keep(dr, acc, out) if draft.committed_len(i) >= row.req.seq.numel() - lag else []
                    for i, (row, dr, acc, out) in enumerate(zip(active, drafts, accs, emitted, strict=True))])
     n = len(active)
     other = (time.perf_counter() - t0 - timing.draft_s - timing.verify_s) / n
@@ -139,16 +147,17 @@ def _draft_all(dec: StepCore, active: list[_Row], ctxs: list, cache: BatchCache,
                timing: _Timing) -> tuple[list[Drafter], list[DraftResult]]:
     """Drive every row's drafter in lockstep: one batched draft forward per round of feeds."""
     drafters = [Drafter(row.req.seq, cache.committed_len(i), row.run.policy, ctx, row.run.sampling, row.run.draft_mode,
-                        dec.vocab, row.run.generator) for i, (row, ctx) in enumerate(zip(active, ctxs, strict=True))]
+                        dec.vocab, row.run.generator, None if row.req.features is None else row.req.features.view())
+                for i, (row, ctx) in enumerate(zip(active, ctxs, strict=True))]
     gens: list[DraftFeeds] = [d.feeds() for d in drafters]
     results: list[DraftResult | None] = [None] * len(gens)
     feeds: list[Feed | None] = [_advance(g, None, results, i) for i, g in enumerate(gens)]
     while any(f is not None for f in feeds):
         t0 = time.perf_counter()
-        logits = cache.forward(dec.draft, feeds)
+        outs = cache.run(dec.draft, feeds)
         timing.draft_s += time.perf_counter() - t0
-        feeds = [_advance(g, lg, results, i) if lg is not None else None
-                 for i, (g, lg) in enumerate(zip(gens, logits, strict=True))]
+        feeds = [_advance(g, out, results, i) if out is not None else None
+                 for i, (g, out) in enumerate(zip(gens, outs, strict=True))]
     return drafters, [r for r in results if r is not None]
 
 
@@ -174,9 +183,9 @@ def _common_cap(active: list[_Row], drafters: list[Drafter], drafts: list[DraftR
     return out
 
 
-def _advance(gen: DraftFeeds, logits: torch.Tensor | None, results: list[DraftResult | None], i: int) -> Feed | None:
+def _advance(gen: DraftFeeds, out: ModelOut | None, results: list[DraftResult | None], i: int) -> Feed | None:
     try:
-        return gen.send(logits)  # type: ignore[arg-type]
+        return gen.send(out)  # type: ignore[arg-type]
     except StopIteration as done:
         results[i] = done.value
         return None

@@ -14,7 +14,7 @@ from transformers import DynamicCache, PreTrainedModel
 
 from .arena import ArenaCache
 from .capability import FULL, AttentionLayout
-from .kvcache import Feed, SoloCache
+from .kvcache import Feed, ModelOut, SoloCache
 from .native import FLOAT_COLUMNS, INT_COLUMNS, expander, kernel, tree_builder
 from .policy import Candidates, Frontier, LevelPlan, TreePolicy
 from .tree import DraftTree
@@ -105,6 +105,7 @@ class _Expanded:
     fed_slot: np.ndarray  # [e] int64 draft-cache slot among this step's fed nodes (-1 for the root)
     path_lp: np.ndarray  # [e] float32
     prob: np.ndarray  # [e] float32 the expanded node's own draft probability
+    features: torch.Tensor | None = None  # [e, H] a feature draft's guess of the target's feature at each
 
 
 def _children(exp: _Expanded, mode: DraftMode, gen: torch.Generator | None, entropy: bool,
@@ -186,20 +187,27 @@ _ROOT = {"parent": _frozen(np.full(1, -1)), "sibling_rank": _frozen(np.zeros(1, 
          "draft_margin": _frozen(np.ones(1, np.float32)), "path_logprob": _frozen(np.zeros(1, np.float32)),
          "parent_draft_prob": _frozen(np.ones(1, np.float32))}
 
-# What a drafter yields: the next forward it needs; what it is sent back: that forward's logits.
-DraftFeeds = Generator[Feed, torch.Tensor, "DraftResult"]
+# What a drafter yields: the next forward it needs; what it is sent back: that forward's output.
+DraftFeeds = Generator[Feed, ModelOut, "DraftResult"]
 
 
 class Drafter:
     """One step's drafting for one sequence: the levels drafted so far and the draft-cache slots they fill.
 
     ``feeds()`` is a generator that yields each draft forward it needs as a ``Feed`` and is sent back that
-    forward's logits, so one sequence (``draft_tree``) or many in lockstep (batched decoding) can drive it.
+    forward's output, so one sequence (``draft_tree``) or many in lockstep (batched decoding) can drive it.
+
+    ``features`` [n, H]: the target's feature at each position its cache holds, for a feature draft
+    (``decoder.feature_draft``). Its slot j reads the feature at position j beside token j + 1, so its cache
+    runs one position behind the sequence; a tree node reads the draft's own guess at its parent. Before the
+    target has read the prompt there is no feature to read: that step is a plain one.
     """
 
     def __init__(self, seq: torch.Tensor, cached: int, policy: TreePolicy, ctx: DraftContext,
-                 sampling: Sampling, mode: DraftMode, vocab: int, gen: torch.Generator | None) -> None:
+                 sampling: Sampling, mode: DraftMode, vocab: int, gen: torch.Generator | None,
+                 features: torch.Tensor | None = None) -> None:
         self.seq, self.cached, self.policy, self.ctx = seq, cached, policy, ctx
+        self.features, self.lag = features, 0 if features is None else 1
         self.sampling, self.mode, self.vocab, self.gen = sampling, mode, vocab, gen
         self.device = seq.device
         self.on_cpu = self.device.type == "cpu"  # skip no-op moves: each is a dispatch after a forward
@@ -219,17 +227,19 @@ class Drafter:
                        "token_type_table": c.token_types, "batch": c.batch}
 
     def feeds(self) -> DraftFeeds:
-        exp = (yield from self._root()) if self.ctx.max_depth >= 1 else None
+        last = self.seq.numel() - 1  # a feature draft needs the target's feature up to the root's parent
+        ready = self.features is None or self.features.shape[0] >= last > self.cached
+        exp = (yield from self._root()) if self.ctx.max_depth >= 1 and ready else None
         depth = 0
         while exp is not None:
             depth += 1
             exp = yield from self._level(exp, depth)
         return self._result()
 
-    def _probs(self, logits: torch.Tensor) -> tuple[torch.Tensor, np.ndarray | None]:
+    def _probs(self, out: ModelOut) -> tuple[torch.Tensor, np.ndarray | None]:
         """[e, V] draft probabilities on the CPU, and their scores when the native children path reads them."""
         self.forwards += 1
-        scores = self.sampling.scores(_fit_vocab(logits, self.vocab))
+        scores = self.sampling.scores(_fit_vocab(out.logits, self.vocab))
         probs = torch.softmax(scores, dim=-1)
         if self.native is None:
             return (probs if probs.is_cpu else probs.cpu()), None
@@ -253,13 +263,17 @@ class Drafter:
         if k == 0:
             return None  # plain step: the draft cache catches up on a later step
         counts = np.array([k])
-        c = self.seq.numel() - self.cached
-        chain = _chain(c)
-        pos = torch.arange(self.cached, self.seq.numel(), device=self.device)
-        probs, scores = self._probs((yield Feed(self.seq[self.cached:], pos, chain, commit=c, keep=1, causal=True)))
+        end = self.seq.numel() - self.lag  # the draft's slots end one before the root for a feature draft
+        c = end - self.cached
+        pos = torch.arange(self.cached, end, device=self.device)
+        feats = None if self.features is None else self.features[self.cached:end]
+        out = yield Feed(self.seq[self.cached + self.lag:], pos, _chain(c), commit=c, keep=1, causal=True,
+                         features=feats)
+        probs, scores = self._probs(out)
         minus, zero, one = _ROOT["parent"], _ROOT["path_logprob"], _ROOT["parent_draft_prob"]
         self.prob_parts.append((minus, probs))
-        return _Expanded(probs, scores, counts, k, True, minus, minus, zero, one)
+        guess = None if out.features is None else out.features[-1:]
+        return _Expanded(probs, scores, counts, k, True, minus, minus, zero, one, guess)
 
     def _level(self, exp: _Expanded, depth: int) -> Generator[Feed, torch.Tensor, _Expanded | None]:
         """Draft the children of ``exp``, let the policy prune them, and feed the ones it expands in one draft
@@ -282,12 +296,14 @@ class Drafter:
         if e == 0:
             return None
         self.n_fed = f + e
-        pos = torch.full((e,), self.seq.numel() - 1 + depth, device=self.device)
+        pos = torch.full((e,), self.seq.numel() - 1 - self.lag + depth, device=self.device)
         feed = torch.from_numpy(tokens)
-        probs, scores = self._probs((yield Feed(feed if self.on_cpu else feed.to(self.device), pos,
-                                                torch.from_numpy(anc))))  # [e, V]
+        # A feature draft's node reads its parent's guessed feature (the parent's row among exp's).
+        feats = None if exp.features is None else exp.features[torch.from_numpy(level["row"][rows])]
+        out = yield Feed(feed if self.on_cpu else feed.to(self.device), pos, torch.from_numpy(anc), features=feats)
+        probs, scores = self._probs(out)  # [e, V]
         self.prob_parts.append((cand, probs))
-        return _Expanded(probs, scores, counts, kmax, uniform, cand, slots, path_lp, prob)
+        return _Expanded(probs, scores, counts, kmax, uniform, cand, slots, path_lp, prob, out.features)
 
     def _result(self) -> DraftResult:
         """Apply the policy's final selection, keep the tree connected, and index it."""
@@ -328,21 +344,22 @@ class Drafter:
 def draft_tree(model: PreTrainedModel, cache: DynamicCache | ArenaCache, seq: torch.Tensor, policy: TreePolicy,
                ctx: DraftContext, sampling: Sampling, mode: DraftMode, vocab: int,
                gen: torch.Generator | None = None, layout: AttentionLayout | None = None,
-               dtype: torch.dtype | None = None) -> DraftResult:
+               dtype: torch.dtype | None = None, features: torch.Tensor | None = None) -> DraftResult:
     """Catch the draft cache up with ``seq`` (root = seq[-1]) and draft one tree under ``policy``.
 
     ``layout`` gives the draft's attention kinds (``capability.attention_layout``); None means all full.
     ``dtype`` is the draft's parameter dtype when the caller knows it (looking it up walks the modules).
+    ``features``: the target's features a feature draft reads (``Drafter``); None for a standalone draft.
     """
     layout = layout if layout is not None else AttentionLayout((FULL,), None)
     solo = SoloCache(cache, layout, dtype if dtype is not None else next(model.parameters()).dtype)
-    feeds = Drafter(seq, solo.committed, policy, ctx, sampling, mode, vocab, gen).feeds()
-    forward_s, logits = 0.0, None
+    feeds = Drafter(seq, solo.committed, policy, ctx, sampling, mode, vocab, gen, features).feeds()
+    forward_s, out = 0.0, None
     try:
         while True:
-            feed = feeds.send(logits)  # the first send(None) starts the generator
+            feed = feeds.send(out)  # type: ignore[arg-type]  # the first send(None) starts the generator
             t0 = time.perf_counter()
-            logits = solo.forward(model, feed)
+            out = solo.run(model, feed)
             forward_s += time.perf_counter() - t0
     except StopIteration as done:
         return replace(done.value, forward_s=forward_s, model_s=solo.model_s)

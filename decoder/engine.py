@@ -14,11 +14,12 @@ from .arena import ArenaCache
 from .batch import decode_batch, fresh_policy
 from .draft import draft_tree
 from .errors import TreewiseError
+from .feature_draft import FeatureDraft
 from .loading import load_pair
 from .nodelog import NodeLogWriter
 from .policy import RequestInfo, StaticTree, TreePolicy
 from .results import FinishReason, GenerationResult, GenerationStats, StageTimes, StepStats
-from .step import StepCore, _Request, _Run
+from .step import StepCore, TargetFeatures, _Request, _Run
 from .verify import DraftMode, Sampling, VerifyInput
 
 __all__ = ["DEFAULTS", "DecodeConfig", "TreeDecoder", "_Request", "_Run"]
@@ -111,7 +112,8 @@ class TreeDecoder(StepCore):
         room = min(self.context, len(ids) + max_new_tokens) + _TREE_ROOM  # the arena seldom has to grow
         return _Request(seq=torch.tensor(ids, device=self.device), prompt_len=len(ids), max_new_tokens=max_new_tokens,
                         target_cache=ArenaCache(self.target_layers, room),
-                        draft_cache=ArenaCache(self.draft_layers, room))
+                        draft_cache=ArenaCache(self.draft_layers, room),
+                        features=TargetFeatures() if self.reads_features else None)
 
     def _loop(self, req: _Request, run: _Run) -> GenerationStats:
         """The decode loop: draft -> verify -> accept -> cache update until a stop condition."""
@@ -119,6 +121,7 @@ class TreeDecoder(StepCore):
         run.policy.start(RequestInfo(run.domain, req.prompt_len, req.max_new_tokens, run.sampling.temperature, text))
         stats = GenerationStats()
         start = time.perf_counter()
+        self._prefill_features(req)
         while req.finish is None:
             stats.steps.append(self._step(req, run, len(stats.steps)))
         stats.total_s = time.perf_counter() - start
@@ -132,9 +135,10 @@ class TreeDecoder(StepCore):
         t0 = time.perf_counter()
         ctx = self._context(req, step, run)
         self._propose(req, run, ctx)
+        feats = None if req.features is None else req.features.view()
         dr = self._merged(run, ctx, draft_tree(self.draft, req.draft_cache, req.seq, run.policy, ctx, run.sampling,
                                                run.draft_mode, self.vocab, run.generator, self.draft_layout,
-                                               self.draft_dtype))
+                                               self.draft_dtype, feats))
         t1 = time.perf_counter()
         fwd = self._target_forward(req, dr.tree)
         t2 = time.perf_counter()
@@ -145,7 +149,7 @@ class TreeDecoder(StepCore):
         if rows is not None:
             run.log.add_step(rows)  # type: ignore[union-attr]
         t4 = time.perf_counter()
-        self._commit(req, dr, acc, emitted)
+        self._commit(req, dr, fwd, acc, emitted)
         t5 = time.perf_counter()
         stages = StageTimes(draft_model=dr.model_s, target_model=fwd.model_s,
                             masks=dr.forward_s - dr.model_s + fwd.seconds - fwd.model_s,
@@ -164,6 +168,9 @@ class TreeDecoder(StepCore):
         ``prompt_lookup`` its prompt lookup decoding (that many candidate tokens copied from the prompt); the
         target calls of either are not observable: its stats then hold the wall time only.
         """
+        if isinstance(assistant, FeatureDraft):
+            raise TreewiseError("Hugging Face assisted generation runs a standalone causal LM as its assistant, not a "
+                                "feature draft: pass a standalone draft (e.g. data/models/smollm2-draft)")
         ids = self._encode(prompt, max_new_tokens)
         inp = torch.tensor([ids], device=self.device)
         room = self.context - len(ids)  # the same limit generate() stops at (finish="context")

@@ -58,12 +58,14 @@ class FeatureDraft(torch.nn.Module):
 
     @classmethod
     def from_target(cls, target: PreTrainedModel, to_target: torch.Tensor) -> FeatureDraft:
-        """A new draft shaped like ``target``'s layers, its norm copied from the target's final norm."""
-        cfg = target.config
-        config = LlamaConfig(**{**cfg.to_dict(), "num_hidden_layers": 1, "architectures": None})
-        draft = cls(config, to_target, cfg.vocab_size)
-        with torch.no_grad():
-            draft.model.norm.weight.copy_(target.base_model.norm.weight)
+        """A new draft shaped like ``target``'s layers (a Llama target's own config; another architecture's widths
+        and heads in a Llama layer), its norm copied from the target's final norm where the shapes agree."""
+        draft = cls(_layer_config(target), to_target, target.config.get_text_config(decoder=True).vocab_size)
+        norm = getattr(target.base_model, "norm", None)
+        weight = getattr(norm, "weight", None)
+        if isinstance(weight, torch.Tensor) and weight.shape == draft.model.norm.weight.shape:
+            with torch.no_grad():
+                draft.model.norm.weight.copy_(weight)
         return draft.attach(target)
 
     def attach(self, target: PreTrainedModel) -> FeatureDraft:
@@ -80,9 +82,15 @@ class FeatureDraft(torch.nn.Module):
     def kept(self) -> int:
         return int(self.to_target.numel())
 
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.fc.weight.dtype
+
     def forward(self, tokens: torch.Tensor, features: torch.Tensor, position_ids: torch.Tensor | None = None,
-                attention_mask: torch.Tensor | None = None, cache: object | None = None) -> FeatureStep:
-        """``tokens`` [B, T] (target ids): the token after each slot's ``features`` [B, T, H]."""
+                attention_mask: torch.Tensor | None = None, cache: object | None = None,
+                logits_to_keep: int = 0) -> FeatureStep:
+        """``tokens`` [B, T] (target ids): the token after each slot's ``features`` [B, T, H]. ``logits_to_keep``:
+        logits of the last that many slots only (0: all); features come back for every slot."""
         if not self.embed.numel():
             raise TreewiseError("the feature draft has no target attached: load it with FeatureDraft.load(folder, "
                                 "target)")
@@ -91,7 +99,8 @@ class FeatureDraft(torch.nn.Module):
         out = self.model(inputs_embeds=x, attention_mask=attention_mask, position_ids=position_ids, cache=cache,
                          use_cache=cache is not None)
         h = out.last_hidden_state
-        return FeatureStep(h, F.linear(h, self.head.to(h.dtype)))
+        read = h[:, -logits_to_keep:] if logits_to_keep else h
+        return FeatureStep(h, F.linear(read, self.head.to(h.dtype)))
 
     def target_logits(self, logits: torch.Tensor) -> torch.Tensor:
         """Kept-token logits [..., K] as rows over the target's vocabulary, -inf at every token not kept."""
@@ -122,3 +131,17 @@ class FeatureDraft(torch.nn.Module):
         draft = cls(LlamaConfig(**meta["config"]), weights["to_target"], meta["target_vocab_size"])
         draft.load_state_dict(weights)
         return draft.attach(target).eval()
+
+
+def _layer_config(target: PreTrainedModel) -> LlamaConfig:
+    """One Llama decoder layer as wide as ``target``'s: its own config for a Llama target."""
+    cfg = target.config.get_text_config(decoder=True)
+    if cfg.model_type == "llama":
+        return LlamaConfig(**{**cfg.to_dict(), "num_hidden_layers": 1, "architectures": None})
+    heads = cfg.num_attention_heads
+    return LlamaConfig(hidden_size=cfg.hidden_size, intermediate_size=getattr(cfg, "intermediate_size", None)
+                       or 4 * cfg.hidden_size, num_hidden_layers=1, num_attention_heads=heads,
+                       num_key_value_heads=getattr(cfg, "num_key_value_heads", None) or heads,
+                       head_dim=getattr(cfg, "head_dim", None) or cfg.hidden_size // heads,
+                       max_position_embeddings=getattr(cfg, "max_position_embeddings", 2048),
+                       rms_norm_eps=getattr(cfg, "rms_norm_eps", 1e-6), vocab_size=cfg.vocab_size)

@@ -74,10 +74,34 @@ class Feed:
     commit: int = 0
     keep: int = 0  # logits of the last ``keep`` tokens only (0: all)
     causal: bool = False  # ``visible`` is a causal chain (each new token sees the earlier ones and itself)
+    features: torch.Tensor | None = None  # [t, H] the feature each token reads (a feature draft's feeds only)
 
     @property
     def size(self) -> int:
         return int(self.tokens.numel())
+
+
+@dataclass(frozen=True)
+class ModelOut:
+    """One forward's logits over the target's vocabulary and, where asked for, a feature per new token: a
+    target's last hidden state (after its final norm: what its head reads), a feature draft's guess of it."""
+
+    logits: torch.Tensor  # [b, t_keep, V]
+    features: torch.Tensor | None = None  # [b, t, H]
+
+
+def call_model(model: PreTrainedModel, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None,
+               cache: DynamicCache | ArenaCache, keep: int = 0, features: torch.Tensor | None = None,
+               hidden: bool = False) -> ModelOut:
+    """The one call of a model in a step: a stock causal LM (``hidden``: with its last hidden states), or a feature
+    draft (``decoder.feature_draft``) when the feed carries ``features`` [b, t, H]."""
+    if features is not None:
+        step = model(tokens, features, position_ids=positions, attention_mask=mask, cache=cache, logits_to_keep=keep)
+        return ModelOut(model.target_logits(step.logits), step.features)
+    out = model(input_ids=tokens, position_ids=positions, attention_mask=mask, cache=cache, use_cache=True,
+                logits_to_keep=keep, output_hidden_states=hidden)
+    # Language models tie hidden_states[-1] to the output after the final norm (transformers' capture_outputs).
+    return ModelOut(out.logits, out.hidden_states[-1] if hidden else None)
 
 
 class SoloCache:
@@ -93,6 +117,10 @@ class SoloCache:
 
     def forward(self, model: PreTrainedModel, feed: Feed) -> torch.Tensor:
         """Logits [t, V] of the new tokens (the last ``keep`` of them); the tokens join the cache."""
+        return self.run(model, feed).logits
+
+    def run(self, model: PreTrainedModel, feed: Feed, hidden: bool = False) -> ModelOut:
+        """``forward``'s logits [t_keep, V] and, for a feature draft or with ``hidden``, a feature per new token."""
         device = feed.tokens.device
         window = self.layout.window is not None
         if window and self.pending_pos is None:  # only a sliding window reads the slots' positions
@@ -105,8 +133,8 @@ class SoloCache:
             positions = torch.cat([self.pending_pos, feed.positions]) if self.pending_pos is not None else None
             mask = self.layout.mask(feed.visible.to(device), self.committed, positions, self.dtype)
         t0 = time.perf_counter()
-        out = model(input_ids=feed.tokens[None], position_ids=feed.positions[None], attention_mask=mask,
-                    cache=self.cache, use_cache=True, logits_to_keep=feed.keep)
+        feats = None if feed.features is None else feed.features[None]
+        out = call_model(model, feed.tokens[None], feed.positions[None], mask, self.cache, feed.keep, feats, hidden)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         self.model_s += time.perf_counter() - t0
@@ -114,7 +142,7 @@ class SoloCache:
         self.pending += feed.size - feed.commit
         if self.pending_pos is not None:
             self.pending_pos = torch.cat([self.pending_pos, feed.positions[feed.commit:]])
-        return out.logits[0]
+        return ModelOut(out.logits[0], None if out.features is None else out.features[0])
 
     def compact(self, keep: list[int]) -> None:
         """Keep the committed prefix plus the pending slots ``keep`` (increasing); they become committed."""
@@ -144,6 +172,10 @@ class BatchCache:
 
     def forward(self, model: PreTrainedModel, feeds: list[Feed | None]) -> list[torch.Tensor | None]:
         """One batched forward; per row, the logits [t, V] of its feed (None where a row has none)."""
+        return [None if out is None else out.logits for out in self.run(model, feeds)]
+
+    def run(self, model: PreTrainedModel, feeds: list[Feed | None], hidden: bool = False) -> list[ModelOut | None]:
+        """``forward``'s logits per row and, for a feature draft or with ``hidden``, a feature per fed token."""
         t = max((f.size for f in feeds if f is not None), default=0)
         start = self.cache.get_seq_length()
         width = start + t
@@ -153,6 +185,8 @@ class BatchCache:
         k_pos = torch.zeros(b, width, dtype=torch.long, device=self.device)
         visible = torch.zeros(b, t, width, dtype=torch.bool, device=self.device)
         visible[:, torch.arange(t), start + torch.arange(t)] = True  # padding sees itself (no empty rows)
+        shaped = next((f.features for f in feeds if f is not None and f.features is not None), None)
+        feats = None if shaped is None else shaped.new_zeros(b, t, shaped.shape[-1])
         for r, feed in enumerate(feeds):
             committed, n = self.committed[r], self.committed[r].numel()
             k_pos[r, committed] = torch.arange(n, device=self.device)
@@ -161,13 +195,15 @@ class BatchCache:
             new = start + torch.arange(feed.size, device=self.device)
             ours = torch.cat([self.pending[r], new])  # [p + t_r] physical slots of the feed's visibility
             tokens[r, : feed.size], q_pos[r, : feed.size] = feed.tokens, feed.positions
+            if feats is not None:
+                feats[r, : feed.size] = feed.features
             k_pos[r, ours] = torch.cat([self.pending_pos[r], feed.positions])
             visible[r, : feed.size, committed] = True
             visible[r, : feed.size][:, ours] = feed.visible.to(self.device)
         mask = self.layout.batch_mask(visible, q_pos, k_pos, self.dtype)
-        logits = model(input_ids=tokens, position_ids=q_pos, attention_mask=mask, cache=self.cache,
-                       use_cache=True).logits  # [B, t, V]
-        out: list[torch.Tensor | None] = []
+        full = call_model(model, tokens, q_pos, mask, self.cache, features=feats, hidden=hidden)
+        logits = full.logits  # [B, t, V]
+        out: list[ModelOut | None] = []
         for r, feed in enumerate(feeds):
             if feed is None:
                 out.append(None)
@@ -176,7 +212,8 @@ class BatchCache:
             self.committed[r] = torch.cat([self.committed[r], new[: feed.commit]])
             self.pending[r] = torch.cat([self.pending[r], new[feed.commit:]])
             self.pending_pos[r] = torch.cat([self.pending_pos[r], feed.positions[feed.commit:]])
-            out.append(logits[r, feed.size - (feed.keep or feed.size) : feed.size])
+            row_feats = None if full.features is None else full.features[r, : feed.size]
+            out.append(ModelOut(logits[r, feed.size - (feed.keep or feed.size) : feed.size], row_feats))
         return out
 
     def compact(self, keeps: list[list[int]]) -> None:
@@ -217,17 +254,19 @@ class BatchCache:
         self.pending += [empty] * count
         self.pending_pos += [empty] * count
 
-    def prefill(self, model: PreTrainedModel, row: int, tokens: torch.Tensor) -> bool:
+    def prefill(self, model: PreTrainedModel, row: int, tokens: torch.Tensor, hidden: bool = False) -> ModelOut | None:
         """Commit ``tokens`` as the prefix of ``row`` (an empty row, just added) by a forward of that row alone,
         copied into the batch: a joining request's prompt costs its own tokens, not the whole batch padded to
-        them. False (nothing done) before the batch's first forward: the row's first feed carries its prompt."""
+        them. None (nothing done) before the batch's first forward: the row's first feed carries its prompt.
+        ``hidden``: the returned output holds the target's feature at every prefix position."""
         n = tokens.numel()
         layers = self.cache.layers
         if n == 0 or not layers or not all(layer.is_initialized for layer in layers):
-            return False
+            return None
         solo = SoloCache(DynamicCache(), self.layout, self.dtype, committed=0)
         chain = torch.ones(n, n, dtype=torch.bool, device=self.device).tril()
-        solo.forward(model, Feed(tokens, torch.arange(n, device=self.device), chain, commit=n, keep=1, causal=True))
+        out = solo.run(model, Feed(tokens, torch.arange(n, device=self.device), chain, commit=n, keep=1, causal=True),
+                       hidden)
         for layer, src in zip(layers, solo.cache.layers, strict=True):
             short = n - layer.keys.shape[2]
             if short > 0:  # longer than the batch so far: every row gets slots no one sees
@@ -236,7 +275,7 @@ class BatchCache:
             layer.keys[row, :, :n] = src.keys[0]
             layer.values[row, :, :n] = src.values[0]
         self.committed[row] = torch.arange(n, device=self.device)
-        return True
+        return out
 
     def select(self, rows: list[int]) -> None:
         """Keep only ``rows`` of the batch (finished rows stop costing compute)."""

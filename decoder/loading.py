@@ -12,6 +12,8 @@ from transformers.utils import logging as hf_logging
 
 from .atomic import recover_dir
 from .errors import TreewiseError
+from .feature_draft import CONFIG as FEATURE_CONFIG
+from .feature_draft import FeatureDraft
 from .kernels import choose_linears
 from .mapped import output_vocab  # also registers the mapped draft class with AutoModelForCausalLM
 
@@ -45,8 +47,10 @@ def load_pair(target: str | Path, draft: str | Path, device: str | None = None,
             f"{len(tok)} tokens): tree speculative decoding needs one shared vocabulary; pick a draft "
             "trained with the target's tokenizer"
         )
-    models = [_load_model(p, dev, dt, trust_remote_code) for p in (target, draft)]
-    return models[0], models[1], tok
+    model = _load_model(target, dev, dt, trust_remote_code)
+    if (Path(draft) / FEATURE_CONFIG).is_file():  # a feature draft reads this target: it is loaded onto it
+        return model, FeatureDraft.load(Path(draft), model).to(device=dev, dtype=dt), tok
+    return model, _load_model(draft, dev, dt, trust_remote_code), tok
 
 
 def check_pair(target: PreTrainedModel, draft: PreTrainedModel) -> None:

@@ -103,5 +103,5 @@ AutoModelForCausalLM.register(MappedLlamaConfig, MappedLlamaForCausalLM, exist_o
 
 def output_vocab(model: Any) -> int:
     """The vocabulary a model's logits cover: the target's for a mapped draft, else its output layer's rows."""
-    mapped = getattr(model.config, "target_vocab_size", 0)
+    mapped = getattr(model.config, "target_vocab_size", 0) or getattr(model, "target_vocab_size", 0)  # feature draft
     return int(mapped) if mapped else int(model.get_output_embeddings().weight.shape[0])

@@ -19,6 +19,7 @@ from .capability import attention_layout
 from .chat import chat_ids
 from .draft import DraftContext, DraftResult
 from .errors import TreewiseError
+from .feature_draft import FeatureDraft
 from .kvcache import Feed, SoloCache
 from .loading import check_pair
 from .logrows import RowMeta, step_rows
@@ -46,6 +47,7 @@ class _Request:
     accepted: int = 0
     prev_accepted: int = -1
     finish: FinishReason | None = None
+    features: TargetFeatures | None = None  # what a feature draft reads (None for a standalone draft)
     _buffer: torch.Tensor | None = None  # [capacity] tokens; ``seq`` is a prefix view of it once extended
 
     @property
@@ -67,11 +69,38 @@ class _Request:
         self.seq = self._buffer[: n + k]
 
 
+@dataclass
+class TargetFeatures:
+    """The target's feature (last hidden state after its final norm) at each position its cache holds, in order:
+    a feature draft's input (``decoder.feature_draft``). Grown in place like ``_Request.seq``."""
+
+    _buffer: torch.Tensor | None = None
+    count: int = 0
+
+    def add(self, rows: torch.Tensor) -> None:
+        """Append ``rows`` [k, H], the features of the next k positions."""
+        n, k = self.count, rows.shape[0]
+        if self._buffer is None or n + k > self._buffer.shape[0]:
+            grown = rows.new_empty((max(64, 2 * (n + k)), rows.shape[1]))
+            if self._buffer is not None:
+                grown[:n] = self._buffer[:n]
+            self._buffer = grown
+        self._buffer[n : n + k] = rows
+        self.count = n + k
+
+    def view(self) -> torch.Tensor:
+        """[count, H]; a view, valid until the next ``add``."""
+        if self._buffer is None:
+            return torch.zeros(0, 0)
+        return self._buffer[: self.count]
+
+
 @dataclass(frozen=True)
 class TargetForward:
     logits: torch.Tensor  # [n, V] at the tree's nodes
     seconds: float  # feed, mask and forward
     model_s: float  # the stock model call alone
+    features: torch.Tensor | None = None  # [n, H] the target's feature at each tree node (a feature draft's)
 
 
 @dataclass(frozen=True)
@@ -99,9 +128,13 @@ class StepCore:
     def __init__(self, target: PreTrainedModel, draft: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
                  verifier: Verifier = verify, allow_unverified: bool = False, chat: bool = False) -> None:
         check_pair(target, draft)
+        # A feature draft reads the target's features: the target forward returns them, the draft never
+        # keeps a tree slot (it re-reads accepted tokens with the target's own features, as EAGLE does).
+        self.reads_features = isinstance(draft, FeatureDraft)
         # Refuse what cannot be decoded exactly (recurrent state, flash kernels, ...) before any decoding.
         self.target_layout = attention_layout(target, allow_unverified)
-        self.draft_layout = attention_layout(draft, allow_unverified)
+        self.draft_layout = attention_layout(draft.model if isinstance(draft, FeatureDraft) else draft,
+                                             allow_unverified)
         self.target, self.draft, self.tokenizer = target.eval(), draft.eval(), tokenizer
         self.verifier = verifier
         self.chat = chat  # text prompts become a chat user turn (decoder.chat.chat_ids); token ids stay as given
@@ -168,8 +201,41 @@ class StepCore:
         t0 = time.perf_counter()
         feed = self._tree_feed(req, tree, req.target_cache.get_seq_length())
         cache = self._target_cache(req)
-        logits = cache.forward(self.target, feed).float()
-        return TargetForward(logits, time.perf_counter() - t0, cache.model_s)
+        out = cache.run(self.target, feed, hidden=self.reads_features)
+        tree_feats = self._chain_features(req, out.features, feed.commit)
+        return TargetForward(out.logits.float(), time.perf_counter() - t0, cache.model_s, tree_feats)
+
+    def _prefill_features(self, req: _Request) -> None:
+        """For a feature draft: the target reads the prompt but its last token first, so the first step drafts."""
+        n = req.seq.numel() - 1
+        if req.features is None or n < 1 or req.target_cache.get_seq_length() > 0:
+            return
+        mask = torch.ones(n, n, dtype=torch.bool).tril()
+        chain = Feed(req.seq[:n], torch.arange(n, device=self.device), mask, commit=n, keep=1, causal=True)
+        req.features.add(self._target_cache(req).run(self.target, chain, hidden=True).features)  # type: ignore[arg-type]
+
+    @staticmethod
+    def _chain_features(req: _Request, features: torch.Tensor | None, chain: int) -> torch.Tensor | None:
+        """A target forward's features: the committed chain's join the request's, the tree's [n, H] come back."""
+        if features is None or req.features is None:
+            return None
+        req.features.add(features[:chain])
+        return features[chain:]
+
+    @staticmethod
+    def _kept_features(req: _Request, tree_features: torch.Tensor | None, kept: list[int]) -> None:
+        """The features of the tree nodes the target cache keeps (``target_keep``) join the request's."""
+        if tree_features is not None and req.features is not None and kept:
+            req.features.add(tree_features[torch.tensor(kept)] if len(kept) > 1 else tree_features[kept[0]][None])
+
+    def _draft_keep(self, dr: DraftResult, acc: Acceptance, emitted: list[int]) -> list[int]:
+        """Pending draft slots to keep: none for a feature draft (its tree slots read guessed features)."""
+        return [] if self.reads_features else draft_keep(dr, acc, emitted)
+
+    @property
+    def draft_lag(self) -> int:
+        """How many positions the draft cache runs behind the sequence (``Drafter``: a feature draft's one)."""
+        return 1 if self.reads_features else 0
 
     def _tree_feed(self, req: _Request, tree: DraftTree, cached: int) -> Feed:
         """The committed tokens not yet in the target cache (a causal chain), then the tree under its mask."""
@@ -208,17 +274,21 @@ class StepCore:
                 break
         return emitted
 
-    def _commit(self, req: _Request, dr: DraftResult, acc: Acceptance, emitted: list[int]) -> None:
+    def _commit(self, req: _Request, dr: DraftResult, fwd: TargetForward, acc: Acceptance,
+                emitted: list[int]) -> None:
         """Keep only the emitted part of the accepted path in both caches; extend the sequence.
 
-        Invariant after each step: the target cache holds every token of ``seq`` but the last (pending) one.
+        Invariant after each step: the target cache holds every token of ``seq`` but the last (pending) one
+        (and ``req.features`` the target's feature at each of them).
         """
         committed = req.seq.numel()  # the root is the last committed token; the tree's nodes are pending
-        SoloCache(req.target_cache, self.target_layout, self.target_dtype, committed - 1).compact(
-            target_keep(acc, emitted))
-        if req.draft_cache.get_seq_length() >= committed:  # the draft caught up this step
-            SoloCache(req.draft_cache, self.draft_layout, self.draft_dtype, committed).compact(
-                draft_keep(dr, acc, emitted))
+        kept = target_keep(acc, emitted)
+        SoloCache(req.target_cache, self.target_layout, self.target_dtype, committed - 1).compact(kept)
+        self._kept_features(req, fwd.features, kept)
+        drafted = committed - self.draft_lag
+        if req.draft_cache.get_seq_length() >= drafted:  # the draft caught up this step
+            SoloCache(req.draft_cache, self.draft_layout, self.draft_dtype, drafted).compact(
+                self._draft_keep(dr, acc, emitted))
         req.extend(emitted)
 
     def _encode(self, prompt: str | list[int], max_new_tokens: int) -> list[int]:

@@ -51,7 +51,9 @@ def build_runners(dec: TreeDecoder, cfg: BenchConfig) -> _Rows:
     runners: dict[str, Runner] = {PLAIN: lambda p: dec.generate_plain(p.prompt, cfg.max_new_tokens)}
     specs: dict[str, str] = {}
     skipped: dict[str, str] = {}
-    if cfg.hf_assisted:
+    if cfg.hf_assisted and dec.reads_features:
+        skipped[HF] = "HF assisted generation runs a standalone draft only; this pair's draft is a feature draft"
+    elif cfg.hf_assisted:
         runners[HF] = hf_assisted_runner(dec, cfg)
     if cfg.hf_prompt_lookup > 0:
         runners[HF_LOOKUP] = lambda p: dec.generate_plain(p.prompt, cfg.max_new_tokens,

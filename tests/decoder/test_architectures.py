@@ -18,6 +18,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
 from treewise.controller import ConfidenceTree, LearnedTree
 from treewise.decoder import Chain, StaticTree, TreeDecoder, TreewiseError
 from treewise.decoder.capability import FULL, SLIDING, VERIFIED, AttentionLayout, attention_layout
+from treewise.decoder.feature_draft import FeatureDraft
 
 WINDOW = 8  # shorter than every prompt below, so the window cuts into the prompt and the tree
 NEW = 24
@@ -84,8 +85,10 @@ def test_greedy_equals_both_references(arch: str, window: bool, tok, learned) ->
         assert SLIDING in attention_layout(target).kinds
     same = build(arch, 1, layers=1, window=window)
     other = build("gpt2" if arch == "llama" else "llama", 2, layers=1)
+    feature = FeatureDraft.from_target(target, torch.arange(4, VOCAB - 8)).eval()  # reads the target's features
     runs = [(same, StaticTree(2, 3)), (same, Chain(4)), (same, ConfidenceTree(budget=8, max_depth=4, top_k=2)),
-            (same, learned), (target, StaticTree(2, 3)), (other, Chain(3))]
+            (same, learned), (target, StaticTree(2, 3)), (other, Chain(3)), (feature, StaticTree(2, 3)),
+            (feature, learned)]
     decoders = {id(d): TreeDecoder(target, d, tok) for d, _ in runs}
     mismatches = []
     for prompt in prompts():

@@ -56,17 +56,18 @@ def test_joined_rows_take_a_prefill_of_their_own(dec, monkeypatch) -> None:
     calls: list[bool] = []
     original = BatchCache.prefill
 
-    def counted(self: BatchCache, model, row: int, tokens: torch.Tensor) -> bool:
-        calls.append(original(self, model, row, tokens))
-        return calls[-1]
+    def counted(self: BatchCache, model, row: int, tokens: torch.Tensor, hidden: bool = False):
+        out = original(self, model, row, tokens, hidden)
+        calls.append(out is not None)
+        return out
 
     monkeypatch.setattr(BatchCache, "prefill", counted)
     outs = dec.generate_batch(prompts, max_new_tokens=limits, tree=StaticTree(2, 2), max_batch=2)
     assert [o.token_ids for o in outs] == refs
     assert calls.count(False) == 4 and calls.count(True) == 6  # 2 rows x 2 caches at the start, 3 joins x 2 caches
 
-    def reversed_prompt(self: BatchCache, model, row: int, tokens: torch.Tensor) -> bool:
-        return original(self, model, row, tokens.flip(0))
+    def reversed_prompt(self: BatchCache, model, row: int, tokens: torch.Tensor, hidden: bool = False):
+        return original(self, model, row, tokens.flip(0), hidden)
 
     monkeypatch.setattr(BatchCache, "prefill", reversed_prompt)
     outs = dec.generate_batch(prompts, max_new_tokens=limits, tree=StaticTree(2, 2), max_batch=2)

@@ -9,6 +9,7 @@ from conftest import make_model, make_tokenizer
 from scipy.stats import chisquare
 
 from treewise.decoder import Acceptance, StaticTree, TreeDecoder, VerifyInput, verify
+from treewise.decoder.feature_draft import FeatureDraft
 from treewise.decoder.verify import Sampling
 
 VOCAB = 8  # 4 special ids + 4 characters
@@ -69,6 +70,16 @@ P_MIN = 1e-3  # fixed seeds make the test deterministic; this only guards agains
 def test_sampling_matches_target_distribution(small_pair, mode: str, sampling: Sampling) -> None:
     target, draft, tok = small_pair
     tv, p_value = _tv_and_p(TreeDecoder(target, draft, tok), [5, 6, 7], sampling, mode)
+    assert tv < TV_BOUND and p_value > P_MIN
+
+
+@pytest.mark.parametrize("mode", ["topk", "sampled"])
+def test_feature_draft_sampling_matches_target_distribution(small_pair, mode: str) -> None:
+    """A feature draft (decoder/feature_draft.py) drafts from the first step on: the output still follows the target."""
+    target, _, tok = small_pair
+    torch.manual_seed(2)
+    draft = FeatureDraft.from_target(target, torch.arange(VOCAB)).eval()
+    tv, p_value = _tv_and_p(TreeDecoder(target, draft, tok), [5, 6, 7], Sampling(temperature=1.0), mode)
     assert tv < TV_BOUND and p_value > P_MIN
 
 
