@@ -2,6 +2,10 @@
 
 The documented API, one import away::
 
+    import treewise
+    dec = treewise.load()  # the real pair, its shipped policy
+    out = dec.generate("Name three primary colors.")
+
     from treewise import TreeDecoder, StaticTree, LearnedTree
 
 The four stages install as ``treewise.decoder``, ``treewise.predictor``, ``treewise.controller`` and
@@ -27,6 +31,7 @@ _EXPORTS: dict[str, str] = {
         ("LearnedTree", "BudgetedTree", "ConfidenceTree", "DynamicChain", "LearnedRerank", "DomainBudget",
          "BudgetsFile", "LatencyProfile", "DomainClassifier", "load_budgets"), "treewise.controller"),
     "data_dir": "treewise.decoder.paths",
+    "load": "treewise.studies.shared.pairs",
 }
 __all__ = sorted(_EXPORTS)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -22,7 +23,7 @@ from .results import FinishReason, GenerationResult, GenerationStats, StageTimes
 from .step import StepCore, TargetFeatures, _Request, _Run
 from .verify import DraftMode, Sampling, VerifyInput
 
-__all__ = ["DEFAULTS", "DecodeConfig", "TreeDecoder", "_Request", "_Run"]
+__all__ = ["DEFAULTS", "DecodeConfig", "TreeDecoder", "_Request", "_Run", "policy_name"]
 
 _TREE_ROOM = 64  # cache positions past prompt + new tokens for one step's tree
 
@@ -42,8 +43,30 @@ class DecodeConfig(BaseModel):
 DEFAULTS = DecodeConfig()
 
 
+def policy_name(policy: TreePolicy) -> str:
+    """What a result reports as its policy: the policy's ``name`` where it has one, else its class name."""
+    name = getattr(policy, "name", None)
+    return name if isinstance(name, str) and name else type(policy).__name__
+
+
 class TreeDecoder(StepCore):
-    """Lossless tree speculative decoding for a target/draft pair of Hugging Face causal LMs."""
+    """Lossless tree speculative decoding for a target/draft pair of Hugging Face causal LMs.
+
+    ``generate`` and ``generate_batch`` without ``tree=`` decode with ``default_policy`` (``with_policy`` sets
+    it; ``treewise.load`` sets a named pair's shipped one) and ``domain`` defaults to ``default_domain``."""
+
+    # A frozen StaticTree holds no per-request state, so one instance can be every decoder's fallback.
+    default_policy: TreePolicy = StaticTree(DEFAULTS.width, DEFAULTS.depth)
+    default_policy_name: str = f"static:width={DEFAULTS.width},depth={DEFAULTS.depth}"
+    default_domain: str = "unknown"
+
+    def with_policy(self, policy: TreePolicy, name: str | None = None, domain: str | None = None) -> TreeDecoder:
+        """Make ``policy`` what ``generate`` runs without ``tree=`` (``name``: what results report, default its
+        class name; ``domain``: the default domain, e.g. "auto" for a policy that classifies prompts)."""
+        self.default_policy, self.default_policy_name = policy, name or policy_name(policy)
+        if domain is not None:
+            self.default_domain = domain
+        return self
 
     @classmethod
     def from_pretrained(cls, target: str | Path, draft: str | Path, device: str | None = None,
@@ -58,23 +81,25 @@ class TreeDecoder(StepCore):
     def generate(self, prompt: str | list[int], max_new_tokens: int = DEFAULTS.max_new_tokens,
                  tree: TreePolicy | None = None, temperature: float = DEFAULTS.temperature,
                  top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
-                 domain: str = "unknown", prompt_id: str = "", run_id: str = "",
+                 domain: str | None = None, prompt_id: str = "", run_id: str = "",
                  log: NodeLogWriter | None = None, draft_mode: DraftMode = DEFAULTS.draft_mode,
                  stream: Callable[[list[int]], None] | None = None) -> GenerationResult:
-        """Decode ``prompt``; ``stream`` (if given) receives each step's new token ids as they are accepted."""
+        """Decode ``prompt``; ``stream`` (if given) receives each step's new token ids as they are accepted.
+
+        ``tree`` None: the decoder's ``default_policy``; ``domain`` None: its ``default_domain``."""
         sampling = Sampling(temperature, top_k, top_p)
-        policy = tree if tree is not None else StaticTree(DEFAULTS.width, DEFAULTS.depth)
+        policy, name = self._policy(tree)
         req = self._new_request(self._encode(prompt, max_new_tokens), max_new_tokens)
         gen = torch.Generator().manual_seed(seed) if seed is not None else None
-        run = _Run(policy, sampling, draft_mode, gen, domain, prompt_id, run_id, log, stream)
-        return self._result(req, self._loop(req, run))
+        run = _Run(policy, sampling, draft_mode, gen, domain or self.default_domain, prompt_id, run_id, log, stream)
+        return dataclasses.replace(self._result(req, self._loop(req, run)), policy=name)
 
     @torch.inference_mode()
     def generate_batch(self, prompts: list[str] | list[list[int]],
                        max_new_tokens: int | list[int] = DEFAULTS.max_new_tokens, tree: TreePolicy | None = None,
                        temperature: float = DEFAULTS.temperature, top_k: int | None = None,
                        top_p: float | None = None, seed: int | list[int | None] | None = None,
-                       domain: str | list[str] = "unknown", prompt_ids: list[str] | None = None, run_id: str = "",
+                       domain: str | list[str] | None = None, prompt_ids: list[str] | None = None, run_id: str = "",
                        log: NodeLogWriter | list[NodeLogWriter | None] | None = None,
                        draft_mode: DraftMode = DEFAULTS.draft_mode, max_batch: int | None = None,
                        on_finish: Callable[[int, GenerationResult], None] | None = None) -> list[GenerationResult]:
@@ -88,7 +113,7 @@ class TreeDecoder(StepCore):
         """
         n = len(prompts)
         seeds = seed if isinstance(seed, list) else [seed] * n
-        domains = domain if isinstance(domain, list) else [domain] * n
+        domains = domain if isinstance(domain, list) else [domain or self.default_domain] * n
         ids = prompt_ids if prompt_ids is not None else [""] * n
         logs = log if isinstance(log, list) else [log] * n
         limits = max_new_tokens if isinstance(max_new_tokens, list) else [max_new_tokens] * n
@@ -98,15 +123,23 @@ class TreeDecoder(StepCore):
         if max_batch is not None and max_batch < 1:
             raise TreewiseError(f"max_batch must be >= 1 (or None: every row at once), got {max_batch}")
         encoded = self._encode_batch(prompts, limits)
-        policy = tree if tree is not None else StaticTree(DEFAULTS.width, DEFAULTS.depth)
+        policy, name = self._policy(tree)
         sampling = Sampling(temperature, top_k, top_p)
         reqs = [self._new_request(e, m) for e, m in zip(encoded, limits, strict=True)]
         runs = [_Run(fresh_policy(policy), sampling, draft_mode,
                      torch.Generator().manual_seed(s) if s is not None else None, d, pid, run_id, lg)
                 for s, d, pid, lg in zip(seeds, domains, ids, logs, strict=True)]
-        done = None if on_finish is None else lambda i, st: on_finish(i, self._result(reqs[i], st))
+        done = None if on_finish is None else lambda i, st: on_finish(i, self._named(reqs[i], st, name))
         stats = decode_batch(self, reqs, runs, max_batch, done)
-        return [self._result(r, st) for r, st in zip(reqs, stats, strict=True)]
+        return [self._named(r, st, name) for r, st in zip(reqs, stats, strict=True)]
+
+    def _policy(self, tree: TreePolicy | None) -> tuple[TreePolicy, str]:
+        if tree is None:
+            return self.default_policy, self.default_policy_name
+        return tree, policy_name(tree)
+
+    def _named(self, req: _Request, stats: GenerationStats, name: str) -> GenerationResult:
+        return dataclasses.replace(self._result(req, stats), policy=name)
 
     def _new_request(self, ids: list[int], max_new_tokens: int) -> _Request:
         room = min(self.context, len(ids) + max_new_tokens) + _TREE_ROOM  # the arena seldom has to grow
@@ -185,7 +218,8 @@ class TreeDecoder(StepCore):
         hidden = assistant is not None or prompt_lookup is not None
         steps = [] if hidden else [StepStats(0, 0, 0, 1, 0, 0.0, 0.0, 0.0)] * len(new)
         stats = GenerationStats(steps=steps, total_s=elapsed)
-        return GenerationResult(self.tokenizer.decode(new, skip_special_tokens=True), new, ids, finish, stats)
+        name = "plain" if not hidden else ("prompt_lookup" if assistant is None else "assisted")
+        return GenerationResult(self.tokenizer.decode(new, skip_special_tokens=True), new, ids, finish, stats, name)
 
     @torch.inference_mode()
     def generate_plain_batch(self, prompts: list[str] | list[list[int]],
@@ -210,5 +244,5 @@ class TreeDecoder(StepCore):
                 "length" if len(new) >= max_new_tokens else "context")
             stats = GenerationStats(steps=[StepStats(0, 0, 0, 1, 0, 0.0, 0.0, 0.0)] * len(new), total_s=elapsed)
             results.append(GenerationResult(self.tokenizer.decode(new, skip_special_tokens=True), new, e, finish,
-                                            stats))
+                                            stats, "plain"))
         return results

@@ -117,3 +117,4 @@ class GenerationResult:
     prompt_ids: list[int]
     finish_reason: FinishReason
     stats: GenerationStats
+    policy: str = ""  # which policy decoded it: its spec or class name; "plain" for the target's own decoding

@@ -15,7 +15,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
 from treewise.studies.shared.commands import fail, open_pair, user_errors, write_text
-from treewise.studies.shared.paths import PAIR_HELP, data_dir
+from treewise.studies.shared.paths import PAIR_HELP, PAIR_POLICIES, data_dir
 
 from .config import DemoConfig, EvalConfig, ModelShape, PairConfig
 from .corpus.fresh import FreshConfig
@@ -192,7 +192,7 @@ def demo_cmd(
     per_domain: int = typer.Option(DemoConfig().per_domain, help="Test prompts per domain."),
     max_new_tokens: int = typer.Option(DemoConfig().max_new_tokens, help="New tokens per prompt."),
     tree: str | None = typer.Option(None, help="Tree spec, e.g. static:width=2,depth=3 (default: the pair's own: "
-                                    + ", ".join(f"{k} {v}" for k, v in DemoConfig().trees.items()) + ")."),
+                                    + ", ".join(f"{k} {v}" for k, v in PAIR_POLICIES.items()) + ")."),
     threads: int = typer.Option(DemoConfig().threads, help="torch threads."),
     pair: str | None = typer.Option(DemoConfig().pair, help=PAIR_HELP, show_default=False),
     target: str | None = typer.Option(None, help="Target id or folder (default: the pair's)."),

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field, model_validator
 
-from treewise.studies.shared.paths import data_dir
+from treewise.studies.shared.paths import PAIR_POLICIES, data_dir
 
 from .corpus.build import CorpusConfig
 
@@ -69,18 +69,14 @@ class DemoConfig(BaseModel):
 
     per_domain: int = 2
     max_new_tokens: int = 48  # keeps the demo under a minute on 2 shared cores
-    # The tree per pair, sized for that pair's cost curve (docs/real-pair.md says how each was chosen).
-    trees: dict[str, str] = Field(default_factory=lambda: {
-        "micro": "static:width=2,depth=3",  # the fastest tree in the micro card's shape search (Chain(2) close)
-        "smollm2": "budgeted",  # the shapes of data/smollm2/budgets.json
-    })
     tree: str | None = None  # a tree spec overriding ``trees``
     threads: int = 2
     pair: str | None = None  # a decoder.pairs name; None: $TREEWISE_PAIR, else the real pair (smollm2)
 
     def tree_for(self, pair: str) -> str:
-        """The tree spec the demo decodes ``pair`` with: ``tree`` when set, else the pair's own."""
-        return self.tree or self.trees.get(pair, self.trees["micro"])
+        """The tree spec the demo decodes ``pair`` with: ``tree`` when set, else the pair's shipped policy
+        (``PAIR_POLICIES``, which ``treewise.load`` decodes with too)."""
+        return self.tree or PAIR_POLICIES.get(pair, PAIR_POLICIES["micro"])
 
 
 class DistillConfig(BaseModel):

@@ -8,15 +8,20 @@ when they run.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from treewise.decoder import TreeDecoder, TreewiseError
+from treewise.decoder import TreeDecoder, TreePolicy, TreewiseError
 from treewise.decoder.pairs import PairFiles, pair_files, pair_spec
 from treewise.decoder.paths import data_dir
 
 from .fetch import SOURCES, fetch
+from .paths import OWN_PAIR_POLICY, PAIR_POLICIES
+from .treespec import build_tree
+
+_log = logging.getLogger("treewise")
 
 
 @dataclass(frozen=True)
@@ -68,3 +73,35 @@ def parameter_count(model: object) -> int:
     """Distinct parameters of a loaded model (tied embeddings counted once)."""
     params = {id(p): p.numel() for p in model.parameters()}  # type: ignore[attr-defined]
     return int(sum(params.values()))
+
+
+def load(pair: str | None = None, *, target: str | Path | None = None, draft: str | Path | None = None,
+         policy: str | TreePolicy | None = None, device: str | None = None, chat: bool | None = None,
+         on_stage: Callable[[str], None] | None = None) -> TreeDecoder:
+    """A decoder whose ``generate()`` adapts by default: ``treewise.load()`` is the real pair (smollm2, its target
+    fetched and converted on first use) with its shipped policy, the one ``treewise demo`` runs, each prompt's
+    domain detected (``domain="auto"``).
+
+    ``pair``: a registered pair (None: ``$TREEWISE_PAIR``, else smollm2); ``target``/``draft`` (a Hugging Face id
+    or folder each) override its models, and given both without ``pair`` they are a pair of your own, decoded
+    with EAGLE-2's confidence tree, which reads no shipped files. ``policy``: a tree spec (e.g.
+    "static:width=2,depth=3") or a ``TreePolicy`` instead. ``chat``: frame text prompts by the target's chat
+    template (None: the named pair's setting; off for a pair of your own). ``on_stage`` hears the first fetch's
+    stages (default: the "treewise" logger, at INFO)."""
+    if pair is None and target is not None and draft is not None:
+        spec, tree = _policy(policy, OWN_PAIR_POLICY, None)
+        dec = TreeDecoder.from_pretrained(target, draft, device=device, chat=bool(chat))
+        return dec.with_policy(tree, spec)
+    resolved = resolve_pair(pair, target, draft, on_stage=on_stage or _log.info)
+    spec, tree = _policy(policy, PAIR_POLICIES[resolved.name], resolved.name)  # fails before a model loads
+    dec = TreeDecoder.from_pretrained(resolved.target, resolved.draft, device=device,
+                                      chat=resolved.chat if chat is None else chat)
+    return dec.with_policy(tree, spec, domain="auto")
+
+
+def _policy(given: str | TreePolicy | None, shipped: str, pair: str | None) -> tuple[str | None, TreePolicy]:
+    """The policy ``load`` installs and the name results report (None: the policy's class name)."""
+    if given is not None and not isinstance(given, str):
+        return None, given
+    spec = given or shipped
+    return spec, build_tree(spec, pair)

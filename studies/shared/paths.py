@@ -27,6 +27,14 @@ def default_pair() -> tuple[Path, Path]:
 # The model pairs of ``decoder.pairs.PAIRS``, named here for ``--help`` (which imports no torch);
 # tests/studies/test_cli.py holds the two equal.
 PAIR_NAMES = ("smollm2", "micro")
+# Each pair's shipped policy, a tree spec (studies.shared.treespec) sized for its cost curve: what `treewise demo`
+# and `treewise.load` decode with (docs/real-pair.md says how each was chosen); ``OWN_PAIR_POLICY`` is theirs
+# for a pair of the user's own, which ships no budgets or predictor: EAGLE-2's tree reads only the draft.
+PAIR_POLICIES = {
+    "smollm2": "budgeted",  # per domain, the family and size data/smollm2/budgets.json names
+    "micro": "static:width=2,depth=3",  # the fastest tree in the micro card's shape search (Chain(2) close)
+}
+OWN_PAIR_POLICY = "confidence"
 PAIR_HELP = ("model pair: smollm2 (the real pair: SmolLM2-135M-Instruct, fetched on first use, and its trained "
              "draft) or micro (the embedded test pair); --target/--draft override its folders "
              "[default: $TREEWISE_PAIR, else smollm2]")

@@ -37,3 +37,12 @@ def test_python_api_snippet_defines_every_name_it_uses() -> None:
 
     assert imported  # the snippet imports from the documented namespace
     assert imported <= set(treewise.__all__)
+
+
+def test_the_snippets_opening_lines_run_on_the_micro_pair(capsys) -> None:  # type: ignore[no-untyped-def]
+    """Its first paragraph (load, generate, print) runs as written, with the micro pair for the fetched one."""
+    opening = _api_block().split("\n\n")[0]
+    assert "treewise.load()" in opening
+    exec(opening.replace("treewise.load()", 'treewise.load(pair="micro", device="cpu")'), {})
+    printed = capsys.readouterr().out.split()
+    assert printed[-1] == "static:width=2,depth=3" and float(printed[-2]) >= 1.0  # the policy that ran, its tau
