@@ -9,7 +9,6 @@ import torch
 from treewise.decoder import Candidates, Frontier, LevelPlan, RequestInfo, StaticTree, StepOutcome, TreePolicy
 
 from .budgets import BudgetsFile, DomainBudget
-from .guard import PayoffGuard
 from .latency import LatencyProfile
 from .learned import AcceptanceModel, DomainResolver, LearnedTree, PairData
 from .policies import ConfidenceTree
@@ -50,14 +49,13 @@ class BudgetedTree:
     predictor: AcceptanceModel | None = None
     latency: LatencyProfile | None = None
     classifier: DomainResolver | None = None
-    guard: PayoffGuard | None = None  # decode plain steps where drafting measurably does not pay
     domain: str = field(default="unknown", init=False)
     _active: TreePolicy = field(default_factory=lambda: StaticTree(), init=False, repr=False)
 
     @classmethod
-    def default(cls, guard: bool = False, pair: str | None = None) -> BudgetedTree:
+    def default(cls, pair: str | None = None) -> BudgetedTree:
         """The budgets, latency profile and domain classifier of the model ``pair`` (``PairData``), and its predictor
-        when a budget names the learned policy; ``guard=True`` adds a ``PayoffGuard`` (off by default)."""
+        when a budget names the learned policy."""
         shipped = PairData.load(pair)
         budgets = shipped.budgets
         predictor = None  # loaded only when a budget names the learned policy: a pair may ship none yet
@@ -65,8 +63,7 @@ class BudgetedTree:
             from treewise.predictor import AcceptancePredictor
 
             predictor = AcceptancePredictor.load(shipped.predictor)
-        payoff = PayoffGuard(shipped.latency.target_time(1)) if guard and shipped.latency is not None else None
-        return cls(budgets, predictor, shipped.latency, shipped.classifier, payoff)
+        return cls(budgets, predictor, shipped.latency, shipped.classifier)
 
     def start(self, request: RequestInfo) -> None:
         domain = request.domain
@@ -75,19 +72,12 @@ class BudgetedTree:
         self.domain = domain
         self._active = policy_from_budget(self.budgets.for_domain(domain), self.predictor, self.latency)
         self._active.start(request)
-        if self.guard is not None:
-            self.guard.start()
 
     def plan(self, frontier: Frontier) -> LevelPlan:
-        plan = self._active.plan(frontier)
-        if frontier.depth == 0 and self.guard is not None and not self.guard.allow():
-            return LevelPlan.uniform(1, 0)
-        return plan
+        return self._active.plan(frontier)
 
     def finalize(self, candidates: Candidates) -> torch.Tensor | None:
         return self._active.finalize(candidates)
 
     def observe(self, outcome: StepOutcome) -> None:
         self._active.observe(outcome)
-        if self.guard is not None:
-            self.guard.observe(outcome.verified, outcome.accepted)

@@ -16,9 +16,7 @@ step time outside the forwards and the forwards' speed, per kind of step, are me
 ``measured``): the overhead counts in every node's share of the step, and the root's rule weighs a tree
 step, forwards and overhead as measured, against a plain step's, so a machine on which tree steps cost more
 than the profile says (a busy one, or one with faster memory than the profile's) stops drafting by itself;
-a drafting request takes an occasional plain step to measure one. ``guard``
-(``controller.guard``, off by default: on the bench it stopped drafting on noisy early steps and cost more than
-it saved; docs/performance.md) judges from tokens per step as well as step times.
+a drafting request takes an occasional plain step to measure one.
 
 Online calibration (``online``, on by default): the predictor's outputs pass through a per-request
 Platt-style correction (``predictor.online``) updated after every step with what the step revealed: each
@@ -52,7 +50,6 @@ from treewise.predictor.online import OnlineCalibrator, OnlineConfig
 
 from .budgets import BudgetsFile, DomainBudget, load_budgets
 from .features import FeatureLayout, dict_scorer, raw_step_scalars
-from .guard import PayoffGuard
 from .latency import LatencyProfile
 from .level import DEFAULT_TYPES, DRAFT_MS, GAIN, Kernels, LevelState, kernels, python_kernels, tried_rows
 from .stepcost import MeasuredCosts
@@ -188,7 +185,6 @@ class LearnedTree:
     probe_every: int = 8  # a request that stopped drafting still drafts after N plain steps to notice a change,
     probe_max: int = 64  # ... then after twice as many while its probes do not pay, up to this many
     online: OnlineConfig | None = field(default_factory=OnlineConfig)  # None: no per-request correction
-    guard: PayoffGuard | None = None  # None: no measured never-slower-than-plain rule
     batch_aware: bool = True  # in a batch, size trees by the batch's cost model (False: as if decoding alone)
     tree_weight: float = 0.25  # of a drafted step's planned tree in the running means the root's rule reads
     measured: bool = True  # correct the cost model by the step times the request gets (controller.stepcost)
@@ -202,18 +198,17 @@ class LearnedTree:
             self._calibrator = OnlineCalibrator(self.online)
 
     @classmethod
-    def default(cls, latency: LatencyProfile | None = None, online: bool = True, guard: bool = False,
+    def default(cls, latency: LatencyProfile | None = None, online: bool = True,
                 pair: str | None = None) -> LearnedTree:
         """The shipped predictor, budgets and latency profile of the model ``pair`` (None: ``$TREEWISE_PAIR``,
         else the real pair; ``decoder.pairs.pair_files`` says which files a pair borrows) and the domain
-        classifier; ``guard=True`` (with the latency profile) adds a ``PayoffGuard``."""
+        classifier."""
         from treewise.predictor import AcceptancePredictor
 
         shipped = PairData.load(pair, latency)
         predictor = AcceptancePredictor.load(Path(shipped.predictor))
         profile = shipped.latency
-        return cls(predictor, shipped.budgets, profile, shipped.classifier, online=OnlineConfig() if online else None,
-                   guard=PayoffGuard(profile.target_time(1)) if guard and profile is not None else None)
+        return cls(predictor, shipped.budgets, profile, shipped.classifier, online=OnlineConfig() if online else None)
 
     @property
     def domain(self) -> str:
@@ -254,8 +249,6 @@ class LearnedTree:
         self._request.context.start()
         self._calibrator.reset()
         self._steps.start()
-        if self.guard is not None:
-            self.guard.start()
 
     def plan(self, frontier: Frontier) -> LevelPlan:
         r = self._request
@@ -291,8 +284,6 @@ class LearnedTree:
             drafted = r.drafted
             self._steps.end(self._forwards_ms(outcome, catch_up=True), outcome.forward_ms, drafted, outcome.step > 0,
                             probe=drafted and r.catch_up >= 2)
-        if self.guard is not None:
-            self.guard.observe(outcome.verified, outcome.accepted)
         if self.online is not None and outcome.verified > outcome.extra:
             # The step's tried nodes, labelled by the accepted path, update the request's correction.
             state, cal = r.state, self._calibrator
@@ -330,7 +321,6 @@ class LearnedTree:
             self._steps.begin()
             tree_ms, plain_ms = self._steps.tree_ms, self._steps.plain_ms
             ratio = self._steps.ratio if solo else 1.0
-        allowed = self.guard.allow() if self.guard is not None else True  # always: it times the steps
         # The request's recent trees as planned, their overhead as it is measured now, against a plain step;
         # before one is planned at this batch size, a tree of the best root child alone.
         if r.tree_gain is not None:
@@ -343,7 +333,7 @@ class LearnedTree:
         probe = frontier.step == 0 or r.plain_run >= r.probe_gap
         measure = self.measured and solo and self._steps.plain_due(
             not r.costs.tree_pays(gain, forwards + tree_ms, plain_ms, ratio * self._steps.doubt))
-        draft = (pays or probe) and allowed and not measure
+        draft = (pays or probe) and not measure
         # A probe costs a tree step that the rule judged not to pay: back off while they keep not paying.
         if pays:
             r.probe_gap = self.probe_every

@@ -17,8 +17,8 @@ A drafting request measures plain steps only if it takes some: ``plain_due`` ask
 first few measured tree steps and then one every ``plain_every`` while the decision is close (the caller says
 whether trees would still pay were a plain step ``doubt`` times cheaper than measured): a plain step taken where
 trees pay by far costs a tree step's tokens and cannot change what the rule does. Step times are steady where
-tokens per step are not (1-7 between neighbouring steps), so these averages settle in a few steps; ``PayoffGuard``
-judged drafting from tokens per step and cost more than it saved (docs/performance.md). Estimates from n steps
+tokens per step are not (1-7 between neighbouring steps), so these averages settle in a few steps (a rule that
+judged drafting from tokens per step cost more than it saved: docs/performance.md). Estimates from n steps
 count n / (n + ``prior``) against the profile's own view (scale 1, no overhead). A step that carries a prefill (a
 request's first) is not measured; the first tree step after plain steps is, its draft catch-up (the plain steps'
 tokens fed in its root's draft forward) in its predicted forwards, and a probe after a run of plain steps weighs

@@ -16,8 +16,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from treewise.decoder.atomic import atomic_path
-from treewise.decoder.errors import TreewiseError
+from .atomic import atomic_path
+from .errors import TreewiseError
 
 SCHEMA_VERSION = "1"
 METADATA_KEY = b"treewise.schema_version"

@@ -4,9 +4,9 @@ Reads node logs (the decoder's schema) and knows nothing of trees at run time be
 in, probabilities out. See docs/predictor.md.
 """
 
-from treewise.predictor.config import DEFAULT_FEATURES, FEATURE_GROUPS, LightGBMParams, PredictorConfig
-from treewise.predictor.features import FeatureSchema, FeatureSchemaError, FeatureSpec, NodeRows, select_rows
-from treewise.predictor.model import AcceptancePredictor, PredictorError, fit, train
+from .config import DEFAULT_FEATURES, FEATURE_GROUPS, LightGBMParams, PredictorConfig
+from .features import FeatureSchema, FeatureSchemaError, FeatureSpec, NodeRows, select_rows
+from .model import AcceptancePredictor, PredictorError, fit, train
 
 __all__ = [
     "DEFAULT_FEATURES",

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from treewise.predictor.features import NodeRows
+from .features import NodeRows
 
 HF_INITIAL_THRESHOLD = 0.4
 HF_MIN_HISTORY = 5

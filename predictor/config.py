@@ -8,7 +8,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from treewise.decoder.nodelog import FEATURE_COLUMNS
-from treewise.predictor.derived import DERIVED_COLUMNS
+
+from .derived import DERIVED_COLUMNS
 
 LabelKind = Literal["hard", "soft"]
 CalibrationKind = Literal["none", "isotonic"]

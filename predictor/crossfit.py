@@ -21,10 +21,10 @@ from typing import Literal
 
 import numpy as np
 
-from treewise.predictor.config import PredictorConfig
-from treewise.predictor.features import NodeRows, schema_from_columns
-from treewise.predictor.model import AcceptancePredictor, PredictorError, fit
-from treewise.predictor.split import PromptSplit
+from .config import PredictorConfig
+from .features import NodeRows, schema_from_columns
+from .model import AcceptancePredictor, PredictorError, fit
+from .split import PromptSplit
 
 SplitKind = Literal["prompt", "source", "domain"]
 

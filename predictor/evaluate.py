@@ -14,15 +14,15 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from treewise.predictor import baselines as bl
-from treewise.predictor.config import FEATURE_GROUPS, PredictorConfig
-from treewise.predictor.features import FeatureSchema, NodeRows, select_rows
-from treewise.predictor.latency import LatencyResult, measure_predict_batch
-from treewise.predictor.metrics import BinaryMetrics, CalibrationBin, binary_metrics, calibration_curve
-from treewise.predictor.model import AcceptancePredictor, PredictorError, fit
-from treewise.predictor.online import OnlineConfig
-from treewise.predictor.replay import replay_online
-from treewise.predictor.split import PromptSplit, SplitMasks, split_by_prompt
+from . import baselines as bl
+from .config import FEATURE_GROUPS, PredictorConfig
+from .features import FeatureSchema, NodeRows, select_rows
+from .latency import LatencyResult, measure_predict_batch
+from .metrics import BinaryMetrics, CalibrationBin, binary_metrics, calibration_curve
+from .model import AcceptancePredictor, PredictorError, fit
+from .online import OnlineConfig
+from .replay import replay_online
+from .split import PromptSplit, SplitMasks, split_by_prompt
 
 AUC_GAIN_TARGET = 0.03
 ECE_TARGET = 0.03

@@ -19,7 +19,8 @@ import pyarrow.compute as pc
 
 from treewise.decoder.errors import TreewiseError
 from treewise.decoder.nodelog import FEATURE_COLUMNS, SCHEMA_VERSION, SOURCES, TOKEN_TYPES
-from treewise.predictor.derived import DERIVED_COLUMNS, derived_columns
+
+from .derived import DERIVED_COLUMNS, derived_columns
 
 FEATURE_SCHEMA_VERSION = "1"
 # Every column a predictor may use: the node log's pre-verification columns and the derived ones.

@@ -16,15 +16,15 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from treewise.predictor import baselines as bl
-from treewise.predictor.config import FEATURE_GROUPS, PredictorConfig
-from treewise.predictor.crossfit import CrossFit, Folds, SplitKind, cross_fit, make_folds
-from treewise.predictor.evaluate import AUC_GAIN_TARGET, ECE_TARGET, ScoredMetrics, scored
-from treewise.predictor.features import NodeRows, select_rows
-from treewise.predictor.metrics import binary_metrics
-from treewise.predictor.online import OnlineConfig
-from treewise.predictor.replay import replay_online
-from treewise.predictor.sources import prompt_splits, source_groups
+from . import baselines as bl
+from .config import FEATURE_GROUPS, PredictorConfig
+from .crossfit import CrossFit, Folds, SplitKind, cross_fit, make_folds
+from .evaluate import AUC_GAIN_TARGET, ECE_TARGET, ScoredMetrics, scored
+from .features import NodeRows, select_rows
+from .metrics import binary_metrics
+from .online import OnlineConfig
+from .replay import replay_online
+from .sources import prompt_splits, source_groups
 
 # "predictor+online": replayed with each tried node's label, what LearnedTree learns from its accepted path;
 # "predictor+online_from_counts": with labels inferred from the step's two counts (``infer_step_labels``).

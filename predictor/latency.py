@@ -8,10 +8,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from treewise.predictor.features import NodeRows
+from .features import NodeRows
 
 if TYPE_CHECKING:
-    from treewise.predictor.model import AcceptancePredictor
+    from .model import AcceptancePredictor
 
 
 @dataclass(frozen=True)

@@ -17,9 +17,10 @@ from pydantic import ValidationError
 from treewise.decoder.atomic import atomic_dir, recover_dir
 from treewise.decoder.errors import TreewiseError
 from treewise.decoder.nodelog import SCHEMA_VERSION
-from treewise.predictor.calibration import IsotonicCalibrator, fit_isotonic
-from treewise.predictor.config import PredictorConfig
-from treewise.predictor.features import (
+
+from .calibration import IsotonicCalibrator, fit_isotonic
+from .config import PredictorConfig
+from .features import (
     ALL_FEATURE_COLUMNS,
     FEATURE_SCHEMA_VERSION,
     FeatureSchema,
@@ -29,9 +30,9 @@ from treewise.predictor.features import (
     encode,
     select_rows,
 )
-from treewise.predictor.forest import ForestArrays, ForestError, compiled_predict
-from treewise.predictor.metrics import binary_metrics
-from treewise.predictor.split import PromptSplit, SplitMasks, split_by_prompt
+from .forest import ForestArrays, ForestError, compiled_predict
+from .metrics import binary_metrics
+from .split import PromptSplit, SplitMasks, split_by_prompt
 
 MODEL_FILE = "model.txt"
 SCHEMA_FILE = "feature_schema.json"

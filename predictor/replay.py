@@ -13,8 +13,8 @@ from typing import Literal
 
 import numpy as np
 
-from treewise.predictor.features import NodeRows
-from treewise.predictor.online import OnlineCalibrator, OnlineConfig, infer_step_labels
+from .features import NodeRows
+from .online import OnlineCalibrator, OnlineConfig, infer_step_labels
 
 LabelSource = Literal["exact", "counts"]
 

@@ -12,13 +12,13 @@ import os
 
 import typer
 
-from treewise.studies.acceptance import cli as acceptance_cli
-from treewise.studies.bench import cli as bench_cli
-from treewise.studies.bench import profile_cli
-from treewise.studies.collect import cli as collect_cli
-from treewise.studies.learn import cli as learn_cli
-from treewise.studies.pair import cli as pair_cli
-from treewise.studies.tune import cli as tune_cli
+from .acceptance import cli as acceptance_cli
+from .bench import cli as bench_cli
+from .bench import profile_cli
+from .collect import cli as collect_cli
+from .learn import cli as learn_cli
+from .pair import cli as pair_cli
+from .tune import cli as tune_cli
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help="Domain-aware tree speculative decoding.")
 

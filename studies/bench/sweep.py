@@ -123,7 +123,7 @@ def build_policy(cfg: SweepConfig, policy: str, budget: int, predictor: Acceptan
     tree = LearnedTree(predictor, BudgetsFile(default=cap), None if fill else latency, None, online=online)
     fields = ",".join(f"{k}={v}" for k, v in cap.model_dump().items() if k != "policy")
     lat = "off" if tree.latency is None else "data/latency.json"
-    return tree, f"learned:{fields},latency={lat},online={cfg.online},guard=off"
+    return tree, f"learned:{fields},latency={lat},online={cfg.online}"
 
 
 def _checks(cfg: SweepConfig, rows: list[SweepRow]) -> list[TargetCheck]:

@@ -197,17 +197,17 @@ def _dynamic_chain(**params: Any) -> TreePolicy:
     return DynamicChain(**_given(params))
 
 
-def _learned(online: bool | None = None, guard: bool | None = None, budgets: str | None = None,
+def _learned(online: bool | None = None, budgets: str | None = None,
              native: bool | None = None, predictor: str | None = None, pair: str | None = None,
              batch_aware: bool | None = None, measured: bool | None = None, lookup: bool | None = None,
              **params: Any) -> TreePolicy:
     """The shipped LearnedTree; ``budgets`` reads another budgets file (e.g. a ``treewise tune --family learned``
     result), ``predictor`` another predictor folder (e.g. another pair's, to measure what training on this
     pair's logs buys); any budget field given overrides the budgets for every domain; ``online=false`` turns the
-    per-request correction off, ``guard=true`` the measured fallback to plain on, ``native=false`` the compiled
+    per-request correction off, ``native=false`` the compiled
     level off (the Python path, for A/B runs), ``batch_aware=false`` the batch's cost model off (trees sized as
     if each row decoded alone), ``measured=false`` the correction of the cost model by measured step times off."""
-    policy = LearnedTree.default(online=online is not False, guard=guard is True, pair=pair)
+    policy = LearnedTree.default(online=online is not False, pair=pair)
     policy.native = native is not False
     policy.batch_aware = batch_aware is not False
     policy.measured = measured is not False
@@ -282,7 +282,6 @@ register_tree_kind(TreeKind(
     {name: Param(kind, help=f"override the budgets' {name}") for name, kind in (
         ("node_budget", int), ("max_depth", int), ("max_width", int), ("threshold", float), ("cost_scale", float))}
     | {"online": Param(bool, help="per-request online correction of the predictor (default true)"),
-       "guard": Param(bool, help="plain steps where drafting measurably does not pay (default false)"),
        "native": Param(bool, help="each level as one compiled call where numba is installed (default true)"),
        "batch_aware": Param(bool, help="in a batch, size trees by the batch's cost model (default true)"),
        "measured": Param(bool, help="correct the cost model by the step times the request measures (default true)"),
