@@ -62,9 +62,9 @@ def _history(req: np.ndarray, step: np.ndarray, on_path: np.ndarray, cond: np.nd
     return rec_acc[req, step], rec_rate[req, step]
 
 
-def _parent_lookup(req: np.ndarray, step: np.ndarray, node: np.ndarray, parent: np.ndarray,
-                   values: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Each row's parent's value of every column in ``values`` (NaN at depth 1 or a missing parent)."""
+def parent_row(req: np.ndarray, step: np.ndarray, node: np.ndarray, parent: np.ndarray) -> np.ndarray:
+    """Each row's parent's row index in the table (-1 at depth 1 or a missing parent): one int64 key per
+    (request, step, node), parents looked up by the same key."""
     n_step = int(step.max(initial=0)) + 1
     n_node = int(max(node.max(initial=0), parent.max(initial=0))) + 2
     key = (req * n_step + step) * n_node + node
@@ -73,10 +73,18 @@ def _parent_lookup(req: np.ndarray, step: np.ndarray, node: np.ndarray, parent: 
     parent_key = (req * n_step + step) * n_node + parent
     pos = np.clip(np.searchsorted(sorted_key, parent_key), 0, max(len(key) - 1, 0))
     found = (parent >= 0) & (sorted_key[pos] == parent_key) if len(key) else np.zeros(0, bool)
+    return np.where(found, order[pos] if len(key) else pos, -1)
+
+
+def _parent_lookup(req: np.ndarray, step: np.ndarray, node: np.ndarray, parent: np.ndarray,
+                   values: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Each row's parent's value of every column in ``values`` (NaN at depth 1 or a missing parent)."""
+    at = parent_row(req, step, node, parent)
+    found = at >= 0
     out = {}
     for name, col in values.items():
-        v = np.full(len(key), np.nan)
-        v[found] = col[order[pos[found]]]
+        v = np.full(len(at), np.nan)
+        v[found] = col[at[found]]
         out[name] = v
     return out
 

@@ -20,7 +20,7 @@ import pyarrow.compute as pc
 from treewise.decoder.errors import TreewiseError
 from treewise.decoder.nodelog import FEATURE_COLUMNS, SCHEMA_VERSION, SOURCES, TOKEN_TYPES
 
-from .derived import DERIVED_COLUMNS, derived_columns
+from .derived import DERIVED_COLUMNS, derived_columns, parent_row
 
 FEATURE_SCHEMA_VERSION = "1"
 # Every column a predictor may use: the node log's pre-verification columns and the derived ones.
@@ -156,18 +156,10 @@ def conditional_mask(table: pa.Table, request: np.ndarray) -> np.ndarray:
     step = _np(table, "step").astype(np.int64)
     node = _np(table, "node_id").astype(np.int64)
     parent = _np(table, "parent_id").astype(np.int64)
-    n_step = int(step.max(initial=0)) + 1
-    n_node = int(max(node.max(initial=0), parent.max(initial=0))) + 2
-    # One int64 key per (request, step, node); parents are looked up by the same key.
-    key = (req * n_step + step) * n_node + node
-    order = np.argsort(key, kind="stable")
-    sorted_key = key[order]
-    parent_key = (req * n_step + step) * n_node + parent
-    pos = np.clip(np.searchsorted(sorted_key, parent_key), 0, max(len(key) - 1, 0))
-    found = (parent >= 0) & (sorted_key[pos] == parent_key) if len(key) else np.zeros(0, bool)
-    on_path = _np(table, "on_accepted_path")
-    parent_on_path = np.zeros(len(key), dtype=bool)
-    parent_on_path[found] = on_path[order[pos[found]]]
+    at = parent_row(req, step, node, parent)
+    parent_on_path = np.zeros(len(at), dtype=bool)
+    found = at >= 0
+    parent_on_path[found] = _np(table, "on_accepted_path")[at[found]]
     depth = _np(table, "depth")
     return _np(table, "verified") & ((depth == 1) | parent_on_path)
 
