@@ -22,7 +22,8 @@ from .sweep_cli import sweep
 
 if TYPE_CHECKING:
     from treewise.controller import LatencyProfile
-    from treewise.decoder import DecodeConfig
+    from treewise.decoder import DecodeConfig, TreeDecoder
+    from treewise.studies.shared.measure import BenchResult
 
 _B = BenchConfig()
 _FROM_DECODER = "the decoder's DecodeConfig"
@@ -79,42 +80,24 @@ def bench(
 ) -> None:
     """Tokens/s and speedup of tree policies vs plain decoding vs HF assisted generation, side by side."""
     from treewise.decoder import TreewiseError
-    from treewise.studies.shared.measure import load_bench_decoder, select_prompts
 
+    from .contend import contention
     from .report import print_bench
-    from .rows import run_bench
 
     console = Console()
-    from .contend import contention
 
     with contention(contend):
         if batch_size:
             _bench_batched(suite, split, domain, per_domain, max_new_tokens, repeats, tree, batch_size,
                            (pair, target, draft), json_out, console, contend, plot)
             return
-        trees = dict(_B.trees)
-        for item in tree or []:
-            name, eq, spec = item.partition("=")
-            if not eq:
-                raise typer.BadParameter(f"--tree {item!r}: use NAME=SPEC")
-            trees[name] = [spec]
-        if only:
-            unknown = sorted(set(only) - set(trees))
-            if unknown:
-                raise typer.BadParameter(f"--only {unknown}: rows are {sorted(trees)}")
-            trees = {name: specs for name, specs in trees.items() if name in only}
         compared = [_compared(item) for item in compare] if compare else _B.compare
         try:
             cfg = BenchConfig(suite=suite, split=split, domains=domain or None, per_domain=per_domain,
-                              max_new_tokens=max_new_tokens, repeats=repeats, trees=trees, hf_assisted=not no_hf,
-                              hf_prompt_lookup=hf_prompt_lookup,
+                              max_new_tokens=max_new_tokens, repeats=repeats, trees=_tree_rows(tree, only),
+                              hf_assisted=not no_hf, hf_prompt_lookup=hf_prompt_lookup,
                               pair=pair, target=target, draft=draft, compare=compared)
-            prompts = select_prompts(cfg)
-            open_pair(console, pair, target, draft)  # fetches the real target on first use, says what it borrows
-            dec = load_bench_decoder(cfg)
-            with Progress(console=console, transient=True) as progress:
-                task = progress.add_task("benchmark", total=len(prompts) * cfg.repeats)
-                result = run_bench(cfg, dec, on_progress=lambda: progress.advance(task))
+            result = _run_solo(cfg, console)
         except TreewiseError as err:
             console.print(f"[red]error:[/red] {err}")
             raise typer.Exit(2) from None
@@ -122,6 +105,36 @@ def bench(
         print_bench(result, console)
         if json_out is not None:
             write_text(json_out, json.dumps(result.model_dump(mode="json"), indent=2), console)
+
+
+def _tree_rows(tree: list[str] | None, only: list[str] | None) -> dict[str, list[str]]:
+    """The bench's tree rows: the defaults, plus each --tree NAME=SPEC, cut to --only."""
+    trees = dict(_B.trees)
+    for item in tree or []:
+        name, eq, spec = item.partition("=")
+        if not eq:
+            raise typer.BadParameter(f"--tree {item!r}: use NAME=SPEC")
+        trees[name] = [spec]
+    if only:
+        unknown = sorted(set(only) - set(trees))
+        if unknown:
+            raise typer.BadParameter(f"--only {unknown}: rows are {sorted(trees)}")
+        trees = {name: specs for name, specs in trees.items() if name in only}
+    return trees
+
+
+def _run_solo(cfg: BenchConfig, console: Console) -> BenchResult:
+    """The interleaved bench of ``cfg`` under a progress bar (the real target fetched on first use)."""
+    from treewise.studies.shared.measure import load_bench_decoder, select_prompts
+
+    from .rows import run_bench
+
+    prompts = select_prompts(cfg)
+    open_pair(console, cfg.pair, cfg.target, cfg.draft)  # fetches the real target on first use, says what it borrows
+    dec = load_bench_decoder(cfg)
+    with Progress(console=console, transient=True) as progress:
+        task = progress.add_task("benchmark", total=len(prompts) * cfg.repeats)
+        return run_bench(cfg, dec, on_progress=lambda: progress.advance(task))
 
 
 def _bench_batched(suite: Path, split: str, domain: list[str] | None, per_domain: int, max_new_tokens: int,
@@ -247,20 +260,7 @@ def latency(
         console.print(f"[red]error:[/red] {err}")
         raise typer.Exit(2) from None
     if linears_ab:
-        from .linears import linears_table, measure_linears
-
-        console.print(linears_table(measure_linears(dec.target, context)))
-        if decode > 0:
-            from treewise.studies.shared.measure import select_prompts
-
-            from .linears import measure_linears_decode
-
-            prompts = select_prompts(BenchConfig(split="test", per_domain=decode, pair=pair))
-            ab = measure_linears_decode(dec, [p.prompt for p in prompts], "learned", 64, pair)
-            console.print(f"decodes ({ab.prompts} prompts, {ab.max_new_tokens} tokens, {ab.tree}): nn.Linear "
-                          f"{ab.stock_tokens_per_s:.1f} tok/s, SkinnyLinear {ab.skinny_tokens_per_s:.1f} tok/s; "
-                          f"per prompt nn.Linear time / SkinnyLinear time: median {ab.ratio_median:.3f} "
-                          f"(range {ab.ratio_range[0]:.2f}-{ab.ratio_range[1]:.2f}); {ab.mismatches} outputs differ")
+        _linears_ab(dec, context, decode, pair, console)
         return
     try:
         profile = LatencyProfile.read(out) if batch_only else measure_latency(dec.target, dec.draft, context=context)
@@ -270,17 +270,40 @@ def latency(
     if batch or batch_only:
         profile = measure_batch_grid(dec, profile)
     write_text(out, json.dumps(profile.model_dump(), indent=1))
+    console.print(_curve_table(profile, context))
+    console.print("target: verifying a tree of that many nodes; draft: one drafting level of that many nodes")
+    if profile.batch_rows:
+        console.print(_grid_table(profile))
+    console.print(f"wrote {out}")
+
+
+def _linears_ab(dec: TreeDecoder, context: int, decode: int, pair: str | None, console: Console) -> None:
+    """`treewise latency --linears-ab`: nn.Linear against SkinnyLinear, forwards and (``decode`` > 0) decodes."""
+    from .linears import linears_table, measure_linears
+
+    console.print(linears_table(measure_linears(dec.target, context)))
+    if decode <= 0:
+        return
+    from treewise.studies.shared.measure import select_prompts
+
+    from .linears import measure_linears_decode
+
+    prompts = select_prompts(BenchConfig(split="test", per_domain=decode, pair=pair))
+    ab = measure_linears_decode(dec, [p.prompt for p in prompts], "learned", 64, pair)
+    console.print(f"decodes ({ab.prompts} prompts, {ab.max_new_tokens} tokens, {ab.tree}): nn.Linear "
+                  f"{ab.stock_tokens_per_s:.1f} tok/s, SkinnyLinear {ab.skinny_tokens_per_s:.1f} tok/s; "
+                  f"per prompt nn.Linear time / SkinnyLinear time: median {ab.ratio_median:.3f} "
+                  f"(range {ab.ratio_range[0]:.2f}-{ab.ratio_range[1]:.2f}); {ab.mismatches} outputs differ")
+
+
+def _curve_table(profile: LatencyProfile, context: int) -> Table:
     table = Table(title=f"forward latency, ms (context {context}, {profile.threads} threads, {profile.device})")
     for col in ("tokens", "target", "draft", "target / 1-token target", "draft / 1-token target"):
         table.add_column(col, justify="right")
     one = profile.target_ms[0]  # sizes start at 1: the cost of a plain decoding step
     for n, t, d in zip(profile.sizes, profile.target_ms, profile.draft_ms, strict=True):
         table.add_row(str(n), f"{t:.2f}", f"{d:.2f}", f"{t / one:.2f}", f"{d / one:.3f}")
-    console.print(table)
-    console.print("target: verifying a tree of that many nodes; draft: one drafting level of that many nodes")
-    if profile.batch_rows:
-        console.print(_grid_table(profile))
-    console.print(f"wrote {out}")
+    return table
 
 
 def _grid_table(profile: LatencyProfile) -> Table:

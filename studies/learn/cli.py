@@ -134,7 +134,6 @@ def evaluate_command(
 
     from .data import read_runs
     from .heldout import run_heldout
-    from .report import markdown_tables, print_evaluation, write_plots
 
     console = Console()
     if split_by is not None:
@@ -157,6 +156,14 @@ def evaluate_command(
     except (*_expected(), SourceError) as err:
         raise _fail(console, str(err)) from None
     report = {"model": str(model), "logs": [str(p) for p in logs], "suite_split": suite_split} | report
+    _write_evaluation(console, report, json_out, plots, markdown)
+
+
+def _write_evaluation(console: Console, report: dict[str, Any], json_out: Path | None, plots: Path | None,
+                      markdown: Path | None) -> None:
+    """Print the evaluation and write what the options ask for."""
+    from .report import markdown_tables, print_evaluation, write_plots
+
     print_evaluation(console, report)
     if json_out:
         write_text(json_out, json.dumps(report, indent=2) + "\n")

@@ -131,6 +131,13 @@ def render_card(eval_json: Path, train_json: Path, meta_json: Path) -> str:
     ev = json.loads(eval_json.read_text())
     tr = json.loads(train_json.read_text())
     meta = json.loads(meta_json.read_text())
+    lines = [*_recipe(meta, tr, ev), *_latency(ev, meta), *_evaluation(ev, meta, tr), *_searches(meta),
+             *_sources()]
+    return "\n".join(lines) + "\n"
+
+
+def _recipe(meta: dict, tr: list, ev: dict) -> list[str]:
+    """The card's head: what the pair is, the commands that made it, its models."""
     lines = [
         "# treewise embedded model pair (data/models)",
         "",
@@ -162,6 +169,13 @@ def render_card(eval_json: Path, train_json: Path, meta_json: Path) -> str:
         f"{meta['vocab']} tokens, context {meta['context']} positions, EOS = BOS = `<|endoftext|>`.",
         f"The draft loss was {meta['distill']}.",
         "",
+    ]
+    return lines
+
+
+def _latency(ev: dict, meta: dict) -> list[str]:
+    """One forward's latency per model, and the shapes measured before training."""
+    lines = [
         "## Single-forward latency (ms, median, CPU, 2 threads)",
         "",
         "One forward of n new tokens onto a KV cache of 128 tokens (the cost of a draft level or a "
@@ -193,7 +207,12 @@ def render_card(eval_json: Path, train_json: Path, meta_json: Path) -> str:
             for s in meta["shape_search"]
         ]
         lines.append("")
-    lines += [
+    return lines
+
+
+def _evaluation(ev: dict, meta: dict, tr: list) -> list[str]:
+    """Held-out perplexity and agreement per domain, the card's checks and one sample per domain."""
+    lines = [
         "## Held-out evaluation",
         "",
         "Perplexity on held-out validation documents of each domain (never trained on), "
@@ -226,6 +245,12 @@ def render_card(eval_json: Path, train_json: Path, meta_json: Path) -> str:
             "```",
             "",
         ]
+    return lines
+
+
+def _searches(meta: dict) -> list[str]:
+    """The tree shape search and the demo, where the card's meta holds them."""
+    lines: list[str] = []
     if meta.get("tree_search"):
         lines += [
             "## Tree shape search (`treewise pair-report`, one tune prompt per domain, 32 new tokens)",
@@ -240,11 +265,14 @@ def render_card(eval_json: Path, train_json: Path, meta_json: Path) -> str:
         lines.append("")
     if meta.get("demo"):
         lines += ["## Demo", "", "```", meta["demo"].rstrip(), "```", ""]
-    lines += [
+    return lines
+
+
+def _sources() -> list[str]:
+    return [
         "## Sources and licences",
         "",
         sources_table(),
         f"Python {platform.python_version()}; "
         "the prompt suites are data/prompts (built by `python -m studies.pair.corpus.prompts`).",
     ]
-    return "\n".join(lines) + "\n"

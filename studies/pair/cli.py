@@ -23,7 +23,7 @@ from .distill_cli import train_draft_cmd
 
 if TYPE_CHECKING:
     from .demo import TreeTrial
-    from .train import TrainProgress
+    from .train import StageResult, TrainProgress
 
 _DEF = PairConfig()
 _FRESH = FreshConfig()
@@ -74,46 +74,40 @@ def train_pair_cmd(
             "corpus": _DEF.corpus.model_copy(update={"chars_per_domain": chars_per_domain, "seed": seed}),
         }
     )
+    console.print(f"[bold]train-pair[/] {minutes} min on {threads} threads, work {work}, out {out}")
+    console.print(_results_table(_train_with_bar(cfg)))
+
+
+def _train_with_bar(cfg: PairConfig) -> list[StageResult]:
+    """train_pair under a progress bar per stage (and a log line every 100 steps where no terminal shows it)."""
     from .train import train_pair
 
-    console.print(f"[bold]train-pair[/] {minutes} min on {threads} threads, work {work}, out {out}")
-    with Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        TextColumn("{task.fields[info]}"),
-        TimeRemainingColumn(),
-        console=console,
-    ) as bar:
+    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[info]}"),
+                  TimeRemainingColumn(), console=console) as bar:
         tasks: dict[str, int] = {}
 
         def update(p: TrainProgress) -> None:
             if p.stage not in tasks:
                 tasks[p.stage] = bar.add_task(p.stage, total=p.budget_s, info="")
             if p.step % 5 == 0:
-                info = (
-                    f"step {p.step} tokens {p.tokens / 1e6:.2f}M loss {p.loss:.3f} "
-                    f"{p.tokens / max(p.elapsed_s, 1e-9):,.0f} tok/s"
-                )
+                info = (f"step {p.step} tokens {p.tokens / 1e6:.2f}M loss {p.loss:.3f} "
+                        f"{p.tokens / max(p.elapsed_s, 1e-9):,.0f} tok/s")
                 bar.update(tasks[p.stage], completed=p.elapsed_s, info=info)
                 if not console.is_terminal and p.step % 100 == 0:  # a readable log under nohup
                     console.print(f"{p.stage} {p.elapsed_s / 60:.1f}/{p.budget_s / 60:.1f} min {info}")
 
         try:
-            results = train_pair(cfg, update)
+            return train_pair(cfg, update)
         except user_errors() as err:  # a bad checkpoint, --init-from or --device: one line
             fail(console, err)
+
+
+def _results_table(results: list[StageResult]) -> Table:
     table = Table("model", "params", "steps", "tokens", "minutes", "tokens/s", "final loss")
     for r in results:
-        table.add_row(
-            r.stage,
-            f"{r.params / 1e6:.2f}M",
-            str(r.steps),
-            f"{r.tokens / 1e6:.2f}M",
-            f"{r.seconds / 60:.1f}",
-            f"{r.tokens / max(r.seconds, 1e-9):,.0f}",
-            f"{r.final_loss:.3f}",
-        )
-    console.print(table)
+        table.add_row(r.stage, f"{r.params / 1e6:.2f}M", str(r.steps), f"{r.tokens / 1e6:.2f}M",
+                      f"{r.seconds / 60:.1f}", f"{r.tokens / max(r.seconds, 1e-9):,.0f}", f"{r.final_loss:.3f}")
+    return table
 
 
 def pair_report_cmd(

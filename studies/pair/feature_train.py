@@ -164,9 +164,6 @@ def _groups(convs: list[Conv], batch_tokens: int, max_len: int, rng: np.random.G
 def train_feature_draft(cfg: FeatureTrainConfig, on_progress: Callable[[FeatureProgress], None] | None = None
                         ) -> dict:
     """Train until the budget is spent (resuming from work/), then evaluate on the held-out share and export."""
-    from safetensors.torch import load_file
-    from transformers import AutoModelForCausalLM
-
     torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
     cfg.work.mkdir(parents=True, exist_ok=True)
@@ -175,6 +172,43 @@ def train_feature_draft(cfg: FeatureTrainConfig, on_progress: Callable[[FeatureP
     held = [c for c in convs if heldout(c.key, cfg.heldout_every)]
     if not train:
         raise TreewiseError("no training conversations in the feature folders")
+    run = _start(cfg)
+    _train(cfg, run, train, on_progress)
+    run.draft.eval()
+    card = {"conversations": len(convs), "train_conversations": len(train), "heldout_conversations": len(held),
+            "train_tokens": int(sum(c.predict.sum() for c in train)), "passes": cfg.passes, "lr": cfg.lr,
+            "kept_tokens": run.draft.kept, "steps": run.state["step"], "epochs": run.state["epoch"],
+            "cpu_minutes": round(run.state["elapsed"] / 60, 1), "threads": cfg.threads,
+            "final_loss": run.state["loss"], "heldout": evaluate(run.draft, held, run.to_draft, cfg)}
+    if cfg.test:
+        card["test"] = evaluate(run.draft, load_features(cfg.test), run.to_draft, cfg)
+        rows = card["test"].values()
+        total = sum(r["tokens"] for r in rows)
+        card["test_overall"] = {"tokens": total, "top1_agreement": [  # token-weighted over the domains
+            round(sum(r["tokens"] * r["top1_agreement"][i] for r in rows) / max(total, 1), 4)
+            for i in range(cfg.passes)]}
+    run.draft.save(cfg.out, card)
+    write_bytes_atomic(cfg.out / "README.md", render_card(card).encode())
+    return card
+
+
+@dataclass
+class _Training:
+    """A training run's draft, optimiser and resumable state (step, epoch, position in the epoch, time, loss)."""
+
+    draft: FeatureDraft
+    opt: torch.optim.Optimizer
+    params: list[torch.nn.Parameter]
+    to_draft: np.ndarray  # target id -> draft row, -1 where the draft keeps no row
+    ckpt: Path
+    state: dict
+
+
+def _start(cfg: FeatureTrainConfig) -> _Training:
+    """A fresh draft from the target's layers, or the checkpoint's under work/."""
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
     target = AutoModelForCausalLM.from_pretrained(cfg.target, dtype=torch.float32).eval()
     to_target = load_file(str(cfg.to_target / "model.safetensors"))["to_target"]
     draft = FeatureDraft.from_target(target, to_target)
@@ -185,47 +219,37 @@ def train_feature_draft(cfg: FeatureTrainConfig, on_progress: Callable[[FeatureP
     ckpt = cfg.work / "feature_draft.pt"
     state = restore_checkpoint(ckpt, draft, opt, torch.device("cpu"), "train-draft --kind feature") \
         if ckpt.exists() else {"step": 0, "epoch": 0, "at": 0, "elapsed": 0.0, "loss": float("nan"), "slots": 0}
-    budget = cfg.minutes * 60
+    return _Training(draft, opt, params, to_draft, ckpt, state)
+
+
+def _train(cfg: FeatureTrainConfig, run: _Training, train: list[Conv],
+           on_progress: Callable[[FeatureProgress], None] | None) -> None:
+    """Optimiser steps until the budget is spent, checkpointing every ``checkpoint_every_s`` and at the end."""
+    state, budget = run.state, cfg.minutes * 60
     t0, last = time.monotonic() - state["elapsed"], time.monotonic()
-    draft.train()
+    run.draft.train()
     while state["elapsed"] < budget:
         groups = _groups(train, cfg.batch_tokens, cfg.max_len, np.random.default_rng(cfg.seed + state["epoch"]))
         while state["at"] < len(groups) and state["elapsed"] < budget:
-            for group in opt.param_groups:
+            for group in run.opt.param_groups:
                 group["lr"] = lr_at(state["elapsed"] / budget, cfg.lr)
-            batch = make_batch([train[i] for i in groups[state["at"]]], to_draft, cfg.max_len)
-            loss, stats = losses(draft, batch, cfg.passes, cfg.reg_weight)
-            opt.zero_grad(set_to_none=True)
+            batch = make_batch([train[i] for i in groups[state["at"]]], run.to_draft, cfg.max_len)
+            loss, stats = losses(run.draft, batch, cfg.passes, cfg.reg_weight)
+            run.opt.zero_grad(set_to_none=True)
             loss.backward()
-            torch.nn.utils.clip_grad_norm_(params, 1.0)
-            opt.step()
+            torch.nn.utils.clip_grad_norm_(run.params, 1.0)
+            run.opt.step()
             ema = loss.item() if state["step"] == 0 else 0.98 * state["loss"] + 0.02 * loss.item()
             state.update(step=state["step"] + 1, at=state["at"] + 1, loss=ema, elapsed=time.monotonic() - t0,
                          slots=state["slots"] + int(stats[0]["slots"]))  # learned slots seen
             if on_progress:
                 on_progress(FeatureProgress(state["step"], state["elapsed"], budget, ema))
             if time.monotonic() - last > cfg.checkpoint_every_s:
-                save_checkpoint(ckpt, draft, opt, state)
+                save_checkpoint(run.ckpt, run.draft, run.opt, state)
                 last = time.monotonic()
         if state["at"] >= len(groups):
             state.update(epoch=state["epoch"] + 1, at=0)
-    save_checkpoint(ckpt, draft, opt, state)
-    draft.eval()
-    card = {"conversations": len(convs), "train_conversations": len(train), "heldout_conversations": len(held),
-            "train_tokens": int(sum(c.predict.sum() for c in train)), "passes": cfg.passes, "lr": cfg.lr,
-            "kept_tokens": draft.kept, "steps": state["step"], "epochs": state["epoch"],
-            "cpu_minutes": round(state["elapsed"] / 60, 1), "threads": cfg.threads, "final_loss": state["loss"],
-            "heldout": evaluate(draft, held, to_draft, cfg)}
-    if cfg.test:
-        card["test"] = evaluate(draft, load_features(cfg.test), to_draft, cfg)
-        rows = card["test"].values()
-        total = sum(r["tokens"] for r in rows)
-        card["test_overall"] = {"tokens": total, "top1_agreement": [  # token-weighted over the domains
-            round(sum(r["tokens"] * r["top1_agreement"][i] for r in rows) / max(total, 1), 4)
-            for i in range(cfg.passes)]}
-    draft.save(cfg.out, card)
-    write_bytes_atomic(cfg.out / "README.md", render_card(card).encode())
-    return card
+    save_checkpoint(run.ckpt, run.draft, run.opt, state)
 
 
 def render_card(card: dict) -> str:

@@ -114,14 +114,7 @@ def tune_cmd(
     console = Console()
     optuna.logging.set_verbosity(optuna.logging.ERROR)  # the live table shows each trial and failure reason
     domains = None if not domain or "all" in domain else domain
-    try:
-        base = SearchSpace()
-        space = SearchSpace(
-            families=tuple(family) if family else base.families,
-            node_budget=base.node_budget.model_copy(update={"high": node_budget_max}),
-            max_depth=base.max_depth.model_copy(update={"high": depth_max}))
-    except ValidationError as err:
-        raise _fail(console, f"--family/--node-budget-max/--depth-max: {err.errors()[0]['msg']}") from None
+    space = _space(family, node_budget_max, depth_max, console)
     try:
         cfg = TuneConfig(domains=domains, trials=trials, storage=storage, study_name=study_name, suite=suite,
                          per_domain=per_domain, heldout_per_domain=heldout_per_domain, max_new_tokens=max_new_tokens,
@@ -132,6 +125,18 @@ def tune_cmd(
     except ValidationError as err:
         raise _fail(console, _validation_message(err)) from None
     _run(cfg, _command_line(ctx), console, json_out, plots)
+
+
+def _space(family: list[str] | None, node_budget_max: int, depth_max: int, console: Console) -> SearchSpace:
+    """The search space the options ask for: the default's families and ranges, their highs overridden."""
+    try:
+        base = SearchSpace()
+        return SearchSpace(
+            families=tuple(family) if family else base.families,
+            node_budget=base.node_budget.model_copy(update={"high": node_budget_max}),
+            max_depth=base.max_depth.model_copy(update={"high": depth_max}))
+    except ValidationError as err:
+        raise _fail(console, f"--family/--node-budget-max/--depth-max: {err.errors()[0]['msg']}") from None
 
 
 def _run(cfg: TuneConfig, command: str, console: Console, json_out: Path | None, plots: Path | None) -> None:
