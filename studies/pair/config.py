@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from treewise.studies.shared.paths import PAIR_POLICIES, data_dir
 
@@ -95,5 +95,28 @@ class DistillConfig(BaseModel):
     heldout_every: int = 16  # one prompt in this many is held out (by a hash of its id)
     checkpoint_every_s: float = 120.0
     select_every_s: float = 240.0  # held-out loss scored this often (at a checkpoint); the lowest one is exported
+    threads: int = 2
+    seed: int = 0
+
+
+class FeatureTrainConfig(BaseModel):
+    """``treewise pair train-draft --kind feature``: the feature draft, trained on ``treewise pair features``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    features: tuple[Path, ...]  # `treewise pair features` folders
+    target: Path
+    to_target: Path  # a draft folder whose kept-token map the feature draft uses (the standalone draft's)
+    test: tuple[Path, ...] = ()  # features of the test split's teacher answers: the card's per-domain figures
+    work: Path = Path("runs/smollm2-feature-draft")  # checkpoint (resumable)
+    out: Path = Field(default_factory=lambda: data_dir() / "models" / "smollm2-feature-draft")  # the exported folder
+    minutes: float = 40.0  # training budget across restarts
+    batch_tokens: int = 4096
+    max_len: int = 512  # slots of a conversation per training row (its start)
+    passes: int = 3  # 1: teacher features only; more: also the draft's own (training-time test)
+    reg_weight: float = 1.0
+    lr: float = 1e-3
+    heldout_every: int = 50
+    checkpoint_every_s: float = 120.0
     threads: int = 2
     seed: int = 0

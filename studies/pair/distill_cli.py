@@ -13,13 +13,17 @@ from rich.table import Table
 
 from treewise.studies.shared.commands import fail, option_default, user_errors
 
-from .config import DistillConfig
+from .config import DistillConfig, FeatureTrainConfig
 
 console = Console()
 
 
 def _d(name: str) -> object:
     return option_default(DistillConfig, name)
+
+
+def _f(name: str) -> object:
+    return option_default(FeatureTrainConfig, name)
 
 
 def _layers(text: str | None) -> tuple[int, ...] | None:
@@ -40,15 +44,19 @@ def train_draft_cmd(
                                     "`treewise pair features --teacher`)."),
     teacher: Path = typer.Option(_d("teacher"), help="Shards of `treewise pair teacher`."),
     target: Path | None = typer.Option(None, help="Target folder (default: the fetched SmolLM2)."),
-    work: Path = typer.Option(_d("work"), help="Checkpoint folder (a rerun resumes from it)."),
-    out: Path = typer.Option(_d("out"), help="Where the draft folder is written."),
+    work: Path | None = typer.Option(None, help="Checkpoint folder (a rerun resumes from it).", show_default=
+                                     f"{_d('work')}, feature: {_f('work')}"),
+    out: Path | None = typer.Option(None, help="Where the draft folder is written.", show_default=
+                                    "data/models/smollm2-draft, feature: data/models/smollm2-feature-draft"),
     layers: int = typer.Option(_d("layers"), help="Draft layers (initialised from the target's first ones)."),
     init_layers: str | None = typer.Option(None, help="Target layers to copy, one per draft layer, e.g. 0,29 "
                                            "(default: the first ones)."),
     vocab: int = typer.Option(_d("vocab"), help="Target tokens the draft keeps (most frequent in answers)."),
-    minutes: float = typer.Option(_d("minutes"), help="Training budget across restarts."),
-    batch_tokens: int = typer.Option(_d("batch_tokens"), help="Padded tokens per optimiser step."),
-    lr: float = typer.Option(_d("lr"), help="Peak learning rate."),
+    minutes: float | None = typer.Option(None, help="Training budget across restarts.",
+                                         show_default=f"{_d('minutes')}, feature: {_f('minutes')}"),
+    batch_tokens: int | None = typer.Option(None, help="Padded tokens per optimiser step.",
+                                            show_default=f"{_d('batch_tokens')}, feature: {_f('batch_tokens')}"),
+    lr: float | None = typer.Option(None, help="Peak learning rate.", show_default=f"{_d('lr')}, feature: {_f('lr')}"),
     threads: int = typer.Option(_d("threads"), help="torch threads."),
 ) -> None:
     """Distil a small draft for SmolLM2 from its own answers; resumable; writes the folder and its model card."""
@@ -60,14 +68,13 @@ def train_draft_cmd(
     hf_logging.disable_progress_bar()
     if kind not in ("standalone", "feature"):
         fail(console, f"--kind {kind!r}: use standalone or feature")
+    given = _given(work=work, out=out, minutes=minutes, batch_tokens=batch_tokens, lr=lr)
     if kind == "feature":
-        _train_feature(features, test, target, passes, minutes, batch_tokens, threads)
+        _train_feature(features, test, target, passes, threads, given)
         return
     try:
-        cfg = DistillConfig(teacher=teacher, target=target or fetch(SOURCES["smollm2"]), work=work, out=out,
-                            layers=layers, vocab=vocab,
-                            init_layers=_layers(init_layers), minutes=minutes, batch_tokens=batch_tokens, lr=lr,
-                            threads=threads)
+        cfg = DistillConfig(teacher=teacher, target=target or fetch(SOURCES["smollm2"]), layers=layers, vocab=vocab,
+                            init_layers=_layers(init_layers), threads=threads, **given)
         card = _with_bar("train-draft", cfg.minutes, lambda update: train_draft(cfg, update))
     except user_errors() as err:
         fail(console, err)
@@ -76,24 +83,34 @@ def train_draft_cmd(
         table.add_row(domain, str(row["tokens"]), f"{row['loss']:.3f}", f"{row['coverage']:.3f}",
                       f"{row['top1_agreement']:.3f}")
     console.print(table)
-    console.print(f"{card['steps']} steps, {card['cpu_minutes']} min: {out}")
+    console.print(f"{card['steps']} steps, {card['cpu_minutes']} min: {cfg.out}")
 
 
-def _train_feature(features: list[Path], test: list[Path], target: Path | None, passes: int, minutes: float,
-                   batch_tokens: int, threads: int) -> None:
+def _given(**options: Any) -> dict[str, Any]:
+    """The options given on the command line: the rest take the chosen kind's config defaults."""
+    return {k: v for k, v in options.items() if v is not None}
+
+
+def feature_config(features: list[Path], test: list[Path], target: Path | None, passes: int, threads: int,
+                   given: dict[str, Any]) -> FeatureTrainConfig:
+    """The feature draft's config: the options given, else its own defaults (never the standalone draft's)."""
     from treewise.studies.shared.fetch import cache_root
     from treewise.studies.shared.paths import data_dir
 
-    from .feature_train import FeatureTrainConfig, train_feature_draft
     from .fetch import SOURCES, fetch
 
-    models = data_dir() / "models"
+    return FeatureTrainConfig(features=tuple(features or [cache_root() / "features" / "smollm2"]), test=tuple(test),
+                              target=target or fetch(SOURCES["smollm2"]),
+                              to_target=data_dir() / "models" / "smollm2-draft", passes=passes, threads=threads,
+                              **given)
+
+
+def _train_feature(features: list[Path], test: list[Path], target: Path | None, passes: int, threads: int,
+                   given: dict[str, Any]) -> None:
+    from .feature_train import train_feature_draft
+
     try:
-        cfg = FeatureTrainConfig(features=tuple(features or [cache_root() / "features" / "smollm2"]),
-                                 test=tuple(test), target=target or fetch(SOURCES["smollm2"]),
-                                 to_target=models / "smollm2-draft",
-                                 work=Path("runs/smollm2-feature-draft"), out=models / "smollm2-feature-draft",
-                                 minutes=minutes, batch_tokens=batch_tokens, passes=passes, threads=threads)
+        cfg = feature_config(features, test, target, passes, threads, given)
         card = _with_bar("feature draft", cfg.minutes, lambda update: train_feature_draft(cfg, update))
     except user_errors() as err:
         fail(console, err)

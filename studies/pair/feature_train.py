@@ -22,34 +22,13 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
-from pydantic import BaseModel, ConfigDict
 
 from treewise.decoder.atomic import write_bytes_atomic
 from treewise.decoder.errors import TreewiseError
 from treewise.decoder.feature_draft import FeatureDraft
 
+from .config import FeatureTrainConfig
 from .train import lr_at, restore_checkpoint, save_checkpoint
-
-
-class FeatureTrainConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    features: tuple[Path, ...]  # `treewise pair features` folders
-    target: Path
-    to_target: Path  # a draft folder whose kept-token map the feature draft uses (the standalone draft's)
-    test: tuple[Path, ...] = ()  # features of the test split's teacher answers: the card's per-domain figures
-    work: Path  # checkpoint (resumable)
-    out: Path  # the exported draft folder
-    minutes: float = 40.0  # training budget across restarts
-    batch_tokens: int = 4096
-    max_len: int = 512  # slots of a conversation per training row (its start)
-    passes: int = 3  # 1: teacher features only; more: also the draft's own (training-time test)
-    reg_weight: float = 1.0
-    lr: float = 1e-3
-    heldout_every: int = 50
-    checkpoint_every_s: float = 120.0
-    threads: int = 2
-    seed: int = 0
 
 
 @dataclass(frozen=True)
