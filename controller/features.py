@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -54,12 +54,24 @@ def _kind(name: str) -> type:
     return NUMPY_TYPES[name] if name in NUMPY_TYPES else DERIVED_COLUMNS[name].to_pandas_dtype()
 
 
-def raw_step_scalars(f: Frontier, c: RequestFeatures) -> tuple[float, ...]:
-    """The step's shared scalars in ``STEP_SCALARS`` order, untyped (for a native caller that types them).
+class StepScalars(NamedTuple):
+    """The scalars every level of a step shares, in ``STEP_SCALARS`` order (a test holds the two equal)."""
+
+    prompt_len: float
+    running_accept_rate: float
+    prev_accepted: float
+    temperature: float
+    recent_accepted: float
+    recent_accept_rate: float
+
+
+def raw_step_scalars(f: Frontier, c: RequestFeatures) -> StepScalars:
+    """The step's shared scalars, untyped (for a native caller that types them).
 
     Spelled out rather than looked up in ``_SCALARS``: a lambda call per scalar is slow right after a forward
     (docs/performance.md); tests/controller/test_features.py holds it to the lookups."""
-    return (f.prompt_len, f.running_accept_rate, f.prev_accepted, f.temperature, c.recent_accepted, c.recent_rate)
+    return StepScalars(f.prompt_len, f.running_accept_rate, f.prev_accepted, f.temperature, c.recent_accepted,
+                       c.recent_rate)
 
 
 # The per-level sources the level writes, in the order of ``FeatureLayout.cols`` (-1: the model does not read it).

@@ -46,7 +46,7 @@ from treewise.decoder.pairs import pair_files
 from treewise.decoder.paths import data_dir
 from treewise.predictor.derived import RequestFeatures
 from treewise.predictor.forest import ForestArrays
-from treewise.predictor.online import OnlineCalibrator, OnlineConfig
+from treewise.predictor.online import OnlineCalibrator, OnlineConfig, Posterior
 
 from .budgets import BudgetsFile, DomainBudget, load_budgets
 from .features import FeatureLayout, dict_scorer, raw_step_scalars
@@ -295,7 +295,7 @@ class LearnedTree:
             n = r.kernels.observe(state.raw, state.keep, state.parent, state.cal, r.count, own,
                                   np.asarray(path, dtype=np.int64))
             if n > 0:
-                cal.absorb(state.cal[:5].tolist(), n)
+                cal.absorb(Posterior(*state.cal[:5].tolist()), n)
 
     def _forwards_ms(self, outcome: StepOutcome, catch_up: bool) -> float:
         """The forwards the profile predicts for this step's shape: its draft levels and the verified tree;

@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from treewise.predictor.forest import ForestTables
 from treewise.predictor.online import newton
 
 from .budgets import DomainBudget
@@ -265,7 +266,7 @@ class LevelState:
 
     @classmethod
     def build(cls, layout: FeatureLayout, budget: DomainBudget, target: list[float], draft: list[float],
-              forest: tuple | None, isotonic: tuple[A, A], cap: int = 64) -> LevelState:
+              forest: ForestTables | None, isotonic: tuple[A, A], cap: int = 64) -> LevelState:
         f8 = np.float64
         rules = np.asarray([budget.threshold, budget.cost_scale, budget.node_budget, budget.max_width,
                             budget.max_depth, 1.0 if target else 0.0], dtype=f8)

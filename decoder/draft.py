@@ -15,7 +15,7 @@ from transformers import DynamicCache, PreTrainedModel
 from .arena import ArenaCache
 from .capability import FULL, AttentionLayout
 from .kvcache import Feed, ModelOut, SoloCache
-from .native import FLOAT_COLUMNS, INT_COLUMNS, expander, kernel, tree_builder
+from .native import FLOAT_COLUMNS, INT_COLUMNS, TreeArrays, expander, kernel, tree_builder
 from .policy import Candidates, Frontier, LevelPlan, TreePolicy
 from .tree import DraftTree
 from .verify import DraftMode, Sampling
@@ -285,25 +285,26 @@ class Drafter:
             grown = np.zeros((2 * (f + m), 2 * (f + m)), dtype=bool)
             grown[:f, :f] = self.fed_anc[:f, :f]
             self.fed_anc = grown
-        keep, level["depth"], level["fed_slot"], rows, counts, tokens, anc, cand, slots, path_lp, prob, kept, kmax, \
-            uniform = self.expand(plan.keep, plan.children, level["row"], level["tokens"], level["draft_logprob"],
-                                  level["path_logprob"], exp.fed_slot, self.fed_anc, f, depth, self.offset)
-        level["keep"] = keep
+        book = self.expand(plan.keep, plan.children, level["row"], level["tokens"], level["draft_logprob"],
+                           level["path_logprob"], exp.fed_slot, self.fed_anc, f, depth, self.offset)
+        level["keep"], level["depth"], level["fed_slot"] = book.keep, book.depth, book.fed_slot
         self.levels.append(level)
-        self.n_kept += kept
+        self.n_kept += book.kept
         self.offset += m
-        e = rows.shape[0]
+        e = book.rows.shape[0]
         if e == 0:
             return None
         self.n_fed = f + e
         pos = torch.full((e,), self.seq.numel() - 1 - self.lag + depth, device=self.device)
-        feed = torch.from_numpy(tokens)
+        feed = torch.from_numpy(book.tokens)
         # A feature draft's node reads its parent's guessed feature (the parent's row among exp's).
-        feats = None if exp.features is None else exp.features[torch.from_numpy(level["row"][rows])]
-        out = yield Feed(feed if self.on_cpu else feed.to(self.device), pos, torch.from_numpy(anc), features=feats)
+        feats = None if exp.features is None else exp.features[torch.from_numpy(level["row"][book.rows])]
+        out = yield Feed(feed if self.on_cpu else feed.to(self.device), pos, torch.from_numpy(book.visibility),
+                         features=feats)
         probs, scores = self._probs(out)  # [e, V]
-        self.prob_parts.append((cand, probs))
-        return _Expanded(probs, scores, counts, kmax, uniform, cand, slots, path_lp, prob, out.features)
+        self.prob_parts.append((book.candidates, probs))
+        return _Expanded(probs, scores, book.counts, book.widest, book.uniform, book.candidates, book.slots,
+                         book.path_logprob, book.prob, out.features)
 
     def _result(self) -> DraftResult:
         """Apply the policy's final selection, keep the tree connected, and index it."""
@@ -318,7 +319,7 @@ class Drafter:
         self._final = cols, keep, fed
         root = int(self.seq[-1])
         arrays = self.tree(keep, cols["parent"], cols["tokens"], fed, root)
-        cands = Candidates({**cols, "tree_index": arrays[0]})
+        cands = Candidates({**cols, "tree_index": arrays.index})
         t0 = time.perf_counter()
         final = self.policy.finalize(cands)
         self.policy_s += time.perf_counter() - t0
@@ -331,14 +332,13 @@ class Drafter:
         is dropped goes too): a final selection, or a batch's common cap (``decoder.batch``)."""
         cols, keep, fed = self._final
         arrays = self.tree(keep & select, cols["parent"], cols["tokens"], fed, int(self.seq[-1]))
-        return self._indexed(Candidates({**cols, "tree_index": arrays[0]}), arrays)
+        return self._indexed(Candidates({**cols, "tree_index": arrays.index}), arrays)
 
-    def _indexed(self, cands: Candidates, arrays: tuple) -> DraftResult:
-        tree_index, parents, tokens, depth, anc, fed_slot = arrays
-        tree = DraftTree(tokens=torch.from_numpy(tokens), parents=torch.from_numpy(parents),
-                         depth=torch.from_numpy(depth), ancestor_mask=torch.from_numpy(anc))
-        return DraftResult(tree, cands, DraftProbs(self.prob_parts, tree_index), torch.from_numpy(fed_slot), 0.0,
-                           self.policy_s, self.forwards)
+    def _indexed(self, cands: Candidates, arrays: TreeArrays) -> DraftResult:
+        tree = DraftTree(tokens=torch.from_numpy(arrays.tokens), parents=torch.from_numpy(arrays.parents),
+                         depth=torch.from_numpy(arrays.depth), ancestor_mask=torch.from_numpy(arrays.ancestors))
+        return DraftResult(tree, cands, DraftProbs(self.prob_parts, arrays.index), torch.from_numpy(arrays.fed_slot),
+                           0.0, self.policy_s, self.forwards)
 
 
 def draft_tree(model: PreTrainedModel, cache: DynamicCache | ArenaCache, seq: torch.Tensor, policy: TreePolicy,

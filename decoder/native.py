@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Any
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -41,15 +42,47 @@ def _compiled(fn: Any) -> Any:
     return numba.njit(cache=True, nogil=True)(fn)
 
 
+class LevelBook(NamedTuple):
+    """What ``expand`` returns for one level, by name: [m] columns over its candidates, then [e] over the e it
+    expands (kept, children > 0), then three counts."""
+
+    keep: np.ndarray  # [m] bool
+    depth: np.ndarray  # [m] int64
+    fed_slot: np.ndarray  # [m] int64, -1: not fed
+    rows: np.ndarray  # [e] each expanded candidate's row in the level
+    counts: np.ndarray  # [e] its children to draft
+    tokens: np.ndarray  # [e] its token (fed to the draft)
+    visibility: np.ndarray  # [e, f + e] bool: the fed slots each sees, itself included
+    candidates: np.ndarray  # [e] its index among the step's candidates
+    slots: np.ndarray  # [e] its fed slot
+    path_logprob: np.ndarray  # [e] float32
+    prob: np.ndarray  # [e] float32, its own draft probability
+    kept: int
+    widest: int  # the largest children count
+    uniform: bool  # every count equals ``widest``
+
+
+class TreeArrays(NamedTuple):
+    """What ``tree_arrays`` returns: each candidate's tree index [m] (-1: out), then [n] over the tree's nodes."""
+
+    index: np.ndarray
+    parents: np.ndarray  # -1 for the root
+    tokens: np.ndarray
+    depth: np.ndarray
+    ancestors: np.ndarray  # [n, n] bool: a node and its ancestors
+    fed_slot: np.ndarray  # the draft-cache slot each node was fed at, -1: not fed
+
+
 @functools.cache
-def expander() -> Any:
-    """``expand``, compiled where numba imports: one call instead of ~25 numpy ones a level."""
-    return _compiled(expand)
+def expander() -> Callable[..., LevelBook]:
+    """``expand`` (compiled where numba imports: one call instead of ~25 numpy ones a level), its result named."""
+    raw = _compiled(expand)
+    return lambda *args: LevelBook(*raw(*args))
 
 
 def expand(keep_in: np.ndarray, children_in: np.ndarray, level_row: np.ndarray, tokens: np.ndarray,
            logprob: np.ndarray, path_lp: np.ndarray, parent_slot: np.ndarray, fed_anc: np.ndarray, f: int,
-           depth: int, start: int) -> tuple[Any, ...]:
+           depth: int, start: int) -> tuple:
     """One level's bookkeeping after the policy's plan ``keep_in`` / ``children_in`` [m] over its candidates.
 
     ``level_row`` [m]: each candidate's parent row among the expanded nodes, whose draft-cache slots are
@@ -94,7 +127,7 @@ def expand(keep_in: np.ndarray, children_in: np.ndarray, level_row: np.ndarray, 
 
 
 def tree_arrays(keep: np.ndarray, parent: np.ndarray, tokens: np.ndarray, fed: np.ndarray,
-                root: int) -> tuple[Any, ...]:
+                root: int) -> tuple:
     """The step's tree from its candidates (parents before children) and the selection ``keep`` [m].
 
     A selected candidate whose parent is not in the tree leaves it too, so the tree stays connected. Returns
@@ -124,9 +157,10 @@ def tree_arrays(keep: np.ndarray, parent: np.ndarray, tokens: np.ndarray, fed: n
 
 
 @functools.cache
-def tree_builder() -> Any:
-    """``tree_arrays``, compiled where numba imports."""
-    return _compiled(tree_arrays)
+def tree_builder() -> Callable[..., TreeArrays]:
+    """``tree_arrays``, compiled where numba imports, its result named."""
+    raw = _compiled(tree_arrays)
+    return lambda *args: TreeArrays(*raw(*args))
 
 
 @functools.cache

@@ -17,7 +17,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -31,6 +31,16 @@ ZERO = 1e-35  # LightGBM's kZeroThreshold
 
 class ForestError(TreewiseError):
     """A model this evaluator does not reproduce (multiclass, linear trees, another objective)."""
+
+
+class ForestTables(NamedTuple):
+    """A forest as the kernels take it, after their rows (``forest_predict``, the controller's level)."""
+
+    nodes: np.ndarray  # [n, 6] int64 per node (``FEATURE``, ``FLAGS``, ... columns)
+    values: np.ndarray  # [n, 2] float64: leaf value or threshold, and a spare column
+    bits: np.ndarray  # uint32 words of the categorical splits' bitsets
+    roots: np.ndarray  # each tree's root node
+    sigmoid: float  # the objective's sigmoid scale (0: raw scores)
 
 
 @dataclass(frozen=True, eq=False)
@@ -71,9 +81,9 @@ class ForestArrays:
                    np.asarray(bits or [0], dtype=np.uint32), np.asarray(roots, dtype=np.int64), sigmoid)
 
     @property
-    def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, float]:
+    def arrays(self) -> ForestTables:
         """The arguments ``forest_predict`` takes after its rows."""
-        return self.nodes, self.values, self.bits, self.roots, self.sigmoid
+        return ForestTables(self.nodes, self.values, self.bits, self.roots, self.sigmoid)
 
     def predict(self, x: np.ndarray) -> np.ndarray:
         """Probabilities (or raw scores) for every row of a float64 matrix; compiled when numba imports."""

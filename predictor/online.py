@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
@@ -125,19 +126,30 @@ class OnlineCalibrator:
                            self.config.slope_floor), len(y))
 
     @property
-    def posterior(self) -> tuple[float, float, float, float, float]:
+    def posterior(self) -> Posterior:
         """The correction's posterior: mean (offset, slope) and precision (aa, ab, bb), as ``newton`` takes it."""
-        return (self.offset, self.slope, *self._precision)
+        return Posterior(self.offset, self.slope, *self._precision)
 
-    def absorb(self, posterior: tuple[float, float, float, float, float], rows: int) -> None:
-        """Take the posterior ``newton`` computed over ``rows`` new rows (offset, slope, precision)."""
-        a, b, h00, h01, h11 = posterior
-        self.offset, self.slope, self._precision = float(a), float(b), (float(h00), float(h01), float(h11))
+    def absorb(self, posterior: Posterior, rows: int) -> None:
+        """Take the posterior ``newton`` computed over ``rows`` new rows."""
+        self.offset, self.slope = float(posterior.offset), float(posterior.slope)
+        self._precision = (float(posterior.p00), float(posterior.p01), float(posterior.p11))
         self._rows += rows
 
 
+class Posterior(NamedTuple):
+    """The online correction's posterior: mean (offset, slope) and precision matrix [[p00, p01], [p01, p11]]; a
+    NamedTuple so numba builds and returns it inside the level kernel too."""
+
+    offset: float
+    slope: float
+    p00: float
+    p01: float
+    p11: float
+
+
 def newton(p: Sequence[float], y: Sequence[float], w: Sequence[float], m0: float, m1: float, p00: float,
-           p01: float, p11: float, iterations: int, floor: float) -> tuple[float, float, float, float, float]:
+           p01: float, p11: float, iterations: int, floor: float) -> Posterior:
     """One filtering update: ``iterations`` Newton steps from the prior mean (m0, m1) with precision (p00, p01,
     p11) on rows of global predictions ``p``, labels ``y`` and weights ``w``; the posterior mean and precision.
 
@@ -163,7 +175,7 @@ def newton(p: Sequence[float], y: Sequence[float], w: Sequence[float], m0: float
         det = h00 * h11 - h01 * h01
         a -= (h11 * g0 - h01 * g1) / det
         b = min(max(b - (h00 * g1 - h01 * g0) / det, floor), SLOPE_RANGE[1])
-    return a, b, h00, h01, h11
+    return Posterior(a, b, h00, h01, h11)
 
 
 def _floats(values: Sequence[float] | np.ndarray) -> list[float]:

@@ -286,3 +286,9 @@ def test_the_gate_keeps_the_global_models_trees_until_the_evidence_reaches_it(pa
     assert _steps(closed, pair) == _steps(policy(None), pair)
     assert closed._calibrator.rows > 0 and closed._calibrator.evidence < 1e9 and not closed._calibrator.active
     assert _steps(policy(OnlineConfig(gate=0.0)), pair) != _steps(policy(None), pair)
+
+
+def test_the_step_scalars_type_names_the_step_scalars_in_order() -> None:
+    from treewise.controller.features import STEP_SCALARS, StepScalars
+
+    assert StepScalars._fields == STEP_SCALARS
