@@ -18,11 +18,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from . import stages
 from .draft import Drafter, DraftFeeds, DraftResult
 from .kvcache import BatchCache, Feed, ModelOut
 from .policy import BatchSizing, RequestInfo, TreePolicy
 from .results import GenerationStats, StepStats
-from .step import StepCore, _Request, _Run, target_keep
+from .step import Request, Run, StepCore, target_keep
 from .verify import VerifyInput
 
 
@@ -37,8 +38,8 @@ def fresh_policy(policy: TreePolicy) -> TreePolicy:
 @dataclass
 class _Row:
     index: int  # in the input order
-    req: _Request
-    run: _Run
+    req: Request
+    run: Run
     stats: GenerationStats = field(default_factory=GenerationStats)
     log_rows: list[dict[str, np.ndarray]] = field(default_factory=list)  # written when the row ends, in order
     t0: float = 0.0  # when the row joined the batch
@@ -50,7 +51,7 @@ class _Timing:
     verify_s: float = 0.0
 
 
-def decode_batch(dec: StepCore, requests: list[_Request], runs: list[_Run], max_rows: int | None = None,
+def decode_batch(dec: StepCore, requests: list[Request], runs: list[Run], max_rows: int | None = None,
                  on_finish: Callable[[int, GenerationStats], None] | None = None) -> list[GenerationStats]:
     """Decode every request to its own stop condition; each row's stats in the input order.
 
@@ -95,7 +96,7 @@ def _join(dec: StepCore, row: _Row, i: int, target: BatchCache, draft: BatchCach
                                      row.run.sampling.temperature, text))
     prefix = row.req.seq[:-1]
     out = target.prefill(dec.target, i, prefix, hidden=dec.reads_features)
-    dec._chain_features(row.req, None if out is None else out.features, prefix.numel())
+    stages.chain_features(row.req, None if out is None else out.features, prefix.numel())
     if not dec.reads_features:  # a feature draft reads the prompt once the target has: on a later step
         draft.prefill(dec.draft, i, prefix)
 
@@ -103,25 +104,25 @@ def _join(dec: StepCore, row: _Row, i: int, target: BatchCache, draft: BatchCach
 def _step(dec: StepCore, active: list[_Row], target: BatchCache, draft: BatchCache) -> None:
     t0 = time.perf_counter()
     timing = _Timing()
-    ctxs = [dec._context(row.req, len(row.stats.steps), row.run, len(active)) for row in active]
+    ctxs = [stages.context(dec, row.req, len(row.stats.steps), row.run, len(active)) for row in active]
     for row, ctx in zip(active, ctxs, strict=True):
-        dec._propose(row.req, row.run, ctx)
+        stages.propose(row.req, row.run, ctx)
     drafters, drafts = _draft_all(dec, active, ctxs, draft, timing)
-    drafts = [dec._merged(row.run, ctx, dr) for row, ctx, dr in zip(active, ctxs, _common_cap(active, drafters, drafts),
-                                                                     strict=True)]
-    feeds: list[Feed | None] = [dec._tree_feed(row.req, dr.tree, target.committed_len(i))
+    capped = _common_cap(active, drafters, drafts)
+    drafts = [stages.merged(row.run, ctx, dr) for row, ctx, dr in zip(active, ctxs, capped, strict=True)]
+    feeds: list[Feed | None] = [stages.tree_feed(dec, row.req, dr.tree, target.committed_len(i))
                                 for i, (row, dr) in enumerate(zip(active, drafts, strict=True))]
     t1 = time.perf_counter()
     outs = target.run(dec.target, feeds, hidden=dec.reads_features)  # type: ignore[arg-type]
     timing.verify_s = time.perf_counter() - t1
     logits = [o.logits.float() for o in outs]  # type: ignore[union-attr]
-    tree_feats = [dec._chain_features(row.req, o.features, f.commit)  # type: ignore[union-attr]
+    tree_feats = [stages.chain_features(row.req, o.features, f.commit)  # type: ignore[union-attr]
                   for row, o, f in zip(active, outs, feeds, strict=True)]
     accs, emitted = [], []
     for row, ctx, dr, lg in zip(active, ctxs, drafts, logits, strict=True):
         acc = dec.verifier(VerifyInput(dr.tree, lg, row.run.sampling, row.run.draft_mode, dr.draft_probs,
                                        row.run.generator, dr.fixed_from if dr.extra else None))
-        out, log_rows = dec._settle(row.req, row.run, ctx, dr, lg, acc, 1e3 * (timing.draft_s + timing.verify_s))
+        out, log_rows = stages.settle(dec, row.req, row.run, ctx, dr, lg, acc, 1e3 * (timing.draft_s + timing.verify_s))
         if log_rows is not None:
             row.log_rows.append(log_rows)
         accs.append(acc)
@@ -129,10 +130,10 @@ def _step(dec: StepCore, active: list[_Row], target: BatchCache, draft: BatchCac
     kept = [target_keep(acc, out) for acc, out in zip(accs, emitted, strict=True)]
     target.compact(kept)
     for row, feats, keep in zip(active, tree_feats, kept, strict=True):
-        dec._kept_features(row.req, feats, keep)
+        stages.kept_features(row.req, feats, keep)
     lag = dec.draft_lag
-    draft.compact([dec._draft_keep(dr, acc, out) if draft.committed_len(i) >= row.req.seq.numel() - lag else []
-                   for i, (row, dr, acc, out) in enumerate(zip(active, drafts, accs, emitted, strict=True))])
+    draft.compact([stages.draft_slots_kept(dec, dr, acc, out) if draft.committed_len(i) >= row.req.seq.numel() - lag
+                   else [] for i, (row, dr, acc, out) in enumerate(zip(active, drafts, accs, emitted, strict=True))])
     n = len(active)
     other = (time.perf_counter() - t0 - timing.draft_s - timing.verify_s) / n
     for row, dr, acc, out in zip(active, drafts, accs, emitted, strict=True):
@@ -193,7 +194,7 @@ def _advance(gen: DraftFeeds, out: ModelOut | None, results: list[DraftResult | 
 
 def _close(dec: StepCore, row: _Row) -> None:
     row.stats.total_s = time.perf_counter() - row.t0
-    dec._ended(row.req, row.run)
+    stages.ended(row.req, row.run)
     if row.run.log is not None:
         for rows in row.log_rows:
             row.run.log.add_step(rows)

@@ -11,6 +11,7 @@ import torch
 from pydantic import BaseModel, ConfigDict
 from transformers import PreTrainedModel
 
+from . import stages
 from .arena import ArenaCache
 from .batch import decode_batch, fresh_policy
 from .draft import draft_tree
@@ -20,10 +21,10 @@ from .loading import load_pair
 from .nodelog import NodeLogWriter
 from .policy import RequestInfo, StaticTree, TreePolicy
 from .results import FinishReason, GenerationResult, GenerationStats, StageTimes, StepStats
-from .step import StepCore, TargetFeatures, _Request, _Run
+from .step import Request, Run, StepCore, TargetFeatures
 from .verify import DraftMode, Sampling, VerifyInput
 
-__all__ = ["DEFAULTS", "DecodeConfig", "TreeDecoder", "_Request", "_Run", "policy_name"]
+__all__ = ["DEFAULTS", "DecodeConfig", "Request", "Run", "TreeDecoder", "policy_name"]
 
 _TREE_ROOM = 64  # cache positions past prompt + new tokens for one step's tree
 
@@ -91,7 +92,7 @@ class TreeDecoder(StepCore):
         policy, name = self._policy(tree)
         req = self._new_request(self._encode(prompt, max_new_tokens), max_new_tokens)
         gen = torch.Generator().manual_seed(seed) if seed is not None else None
-        run = _Run(policy, sampling, draft_mode, gen, domain or self.default_domain, prompt_id, run_id, log, stream)
+        run = Run(policy, sampling, draft_mode, gen, domain or self.default_domain, prompt_id, run_id, log, stream)
         return dataclasses.replace(self._result(req, self._loop(req, run)), policy=name)
 
     @torch.inference_mode()
@@ -126,7 +127,7 @@ class TreeDecoder(StepCore):
         policy, name = self._policy(tree)
         sampling = Sampling(temperature, top_k, top_p)
         reqs = [self._new_request(e, m) for e, m in zip(encoded, limits, strict=True)]
-        runs = [_Run(fresh_policy(policy), sampling, draft_mode,
+        runs = [Run(fresh_policy(policy), sampling, draft_mode,
                      torch.Generator().manual_seed(s) if s is not None else None, d, pid, run_id, lg)
                 for s, d, pid, lg in zip(seeds, domains, ids, logs, strict=True)]
         done = None if on_finish is None else lambda i, st: on_finish(i, self._named(reqs[i], st, name))
@@ -138,59 +139,59 @@ class TreeDecoder(StepCore):
             return self.default_policy, self.default_policy_name
         return tree, policy_name(tree)
 
-    def _named(self, req: _Request, stats: GenerationStats, name: str) -> GenerationResult:
+    def _named(self, req: Request, stats: GenerationStats, name: str) -> GenerationResult:
         return dataclasses.replace(self._result(req, stats), policy=name)
 
-    def _new_request(self, ids: list[int], max_new_tokens: int) -> _Request:
+    def _new_request(self, ids: list[int], max_new_tokens: int) -> Request:
         room = min(self.context, len(ids) + max_new_tokens) + _TREE_ROOM  # the arena seldom has to grow
-        return _Request(seq=torch.tensor(ids, device=self.device), prompt_len=len(ids), max_new_tokens=max_new_tokens,
+        return Request(seq=torch.tensor(ids, device=self.device), prompt_len=len(ids), max_new_tokens=max_new_tokens,
                         target_cache=ArenaCache(self.target_layers, room),
                         draft_cache=ArenaCache(self.draft_layers, room),
                         features=TargetFeatures() if self.reads_features else None)
 
-    def _loop(self, req: _Request, run: _Run) -> GenerationStats:
+    def _loop(self, req: Request, run: Run) -> GenerationStats:
         """The decode loop: draft -> verify -> accept -> cache update until a stop condition."""
         text = self.tokenizer.decode(req.seq.tolist(), skip_special_tokens=True)
         run.policy.start(RequestInfo(run.domain, req.prompt_len, req.max_new_tokens, run.sampling.temperature, text))
         stats = GenerationStats()
         start = time.perf_counter()
-        self._prefill_features(req)
+        stages.prefill_features(self, req)
         while req.finish is None:
             stats.steps.append(self._step(req, run, len(stats.steps)))
         stats.total_s = time.perf_counter() - start
-        self._ended(req, run)
+        stages.ended(req, run)
         if run.log is not None:
             run.log.end_request()
         return stats
 
-    def _step(self, req: _Request, run: _Run, step: int) -> StepStats:
+    def _step(self, req: Request, run: Run, step: int) -> StepStats:
         """One step: draft -> verify -> accept -> cache update, timed by stage."""
         t0 = time.perf_counter()
-        ctx = self._context(req, step, run)
-        self._propose(req, run, ctx)
+        ctx = stages.context(self, req, step, run)
+        stages.propose(req, run, ctx)
         feats = None if req.features is None else req.features.view()
-        dr = self._merged(run, ctx, draft_tree(self.draft, req.draft_cache, req.seq, run.policy, ctx, run.sampling,
+        dr = stages.merged(run, ctx, draft_tree(self.draft, req.draft_cache, req.seq, run.policy, ctx, run.sampling,
                                                run.draft_mode, self.vocab, run.generator, self.draft_layout,
                                                self.draft_dtype, feats))
         t1 = time.perf_counter()
-        fwd = self._target_forward(req, dr.tree)
+        fwd = stages.target_forward(self, req, dr.tree)
         t2 = time.perf_counter()
         acc = self.verifier(VerifyInput(dr.tree, fwd.logits, run.sampling, run.draft_mode, dr.draft_probs,
                                         run.generator, dr.fixed_from if dr.extra else None))
         t3 = time.perf_counter()
-        emitted, rows = self._settle(req, run, ctx, dr, fwd.logits, acc, 1e3 * (dr.model_s + fwd.model_s))
+        emitted, rows = stages.settle(self, req, run, ctx, dr, fwd.logits, acc, 1e3 * (dr.model_s + fwd.model_s))
         if rows is not None:
             run.log.add_step(rows)  # type: ignore[union-attr]
         t4 = time.perf_counter()
-        self._commit(req, dr, fwd, acc, emitted)
+        stages.commit(self, req, dr, fwd, acc, emitted)
         t5 = time.perf_counter()
-        stages = StageTimes(draft_model=dr.model_s, target_model=fwd.model_s,
+        times = StageTimes(draft_model=dr.model_s, target_model=fwd.model_s,
                             masks=dr.forward_s - dr.model_s + fwd.seconds - fwd.model_s,
                             drafting=t1 - t0 - dr.forward_s - dr.policy_s, policy=dr.policy_s, verify=t3 - t2,
                             settle=t4 - t3, commit=t5 - t4, total=t5 - t0)
         models = dr.model_s + fwd.model_s
         return StepStats(dr.candidates.size, dr.tree.size - 1, acc.accepted, len(emitted), dr.forwards, dr.model_s,
-                         fwd.model_s, t5 - t0 - models, dr.policy_s, stages)
+                         fwd.model_s, t5 - t0 - models, dr.policy_s, times)
 
     @torch.inference_mode()
     def generate_plain(self, prompt: str | list[int], max_new_tokens: int = DEFAULTS.max_new_tokens,

@@ -1,12 +1,10 @@
-"""The stages of one decoding step that a solo loop (engine) and a batched loop (batch) share.
-
-``StepCore`` holds the pair and what is known about it (attention layouts, context, EOS ids, token types);
-its methods build the target's tree feed, verify-side bookkeeping (emit, settle) and cache compaction.
+"""What a decoding step works on: a request's state (``Request``), its settings (``Run``) and the pair
+(``StepCore``: the models and what is known about them: attention layouts, context, EOS ids, token types).
+The stages of a step, which the solo loop (engine) and the batched loop (batch) share, are ``decoder.stages``.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -17,24 +15,21 @@ from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 from .arena import ArenaCache
 from .capability import attention_layout
 from .chat import chat_ids
-from .draft import DraftContext, DraftResult
+from .draft import DraftResult
 from .errors import TreewiseError
 from .feature_draft import FeatureDraft
-from .kvcache import Feed, SoloCache
 from .loading import check_pair
-from .logrows import RowMeta, step_rows
 from .mapped import output_vocab
-from .merge import Proposer, merge_lookup
+from .merge import Proposer
 from .nodelog import NodeLogWriter
-from .policy import StepOutcome, TreePolicy
+from .policy import TreePolicy
 from .results import FinishReason, GenerationResult, GenerationStats
 from .tokentypes import token_type_table
-from .tree import DraftTree, chain_then_tree
 from .verify import Acceptance, DraftMode, Sampling, Verifier, verify
 
 
 @dataclass
-class _Request:
+class Request:
     """Mutable state of one generation."""
 
     seq: torch.Tensor  # [L] prompt + generated tokens; the last one is pending (not in the target cache)
@@ -72,7 +67,7 @@ class _Request:
 @dataclass
 class TargetFeatures:
     """The target's feature (last hidden state after its final norm) at each position its cache holds, in order:
-    a feature draft's input (``decoder.feature_draft``). Grown in place like ``_Request.seq``."""
+    a feature draft's input (``decoder.feature_draft``). Grown in place like ``Request.seq``."""
 
     _buffer: torch.Tensor | None = None
     count: int = 0
@@ -104,7 +99,7 @@ class TargetForward:
 
 
 @dataclass(frozen=True)
-class _Run:
+class Run:
     """Per-request settings of the loop."""
 
     policy: TreePolicy
@@ -146,150 +141,16 @@ class StepCore:
         self.target_layers, self.draft_layers = _layer_count(target), _layer_count(draft)  # sizes their arenas
         eos = target.generation_config.eos_token_id  # what model.generate stops on
         self.eos_ids = frozenset([eos] if isinstance(eos, int) else (eos or []))
-        self._token_types = token_type_table(tokenizer, self.vocab)
-
-    def _result(self, req: _Request, stats: GenerationStats) -> GenerationResult:
-        text = self.tokenizer.decode(req.generated, skip_special_tokens=True)
-        return GenerationResult(text, list(req.generated), req.seq[: req.prompt_len].tolist(), req.finish, stats)
-
-    def _settle(self, req: _Request, run: _Run, ctx: DraftContext, dr: DraftResult, logits: torch.Tensor,
-                acc: Acceptance, forward_ms: float = float("nan")) -> tuple[list[int], dict[str, np.ndarray] | None]:
-        """After verification: emit tokens, stream them, tell the policy; the step's node-log rows if logging."""
-        emitted = self._emit(req, dr.tree, acc)
-        rows = None
-        if run.log is not None:
-            meta = RowMeta(run.run_id, run.prompt_id, run.domain, ctx.step, ctx.position, req.prompt_len,
-                           ctx.running_accept_rate, ctx.prev_accepted, run.sampling.temperature)
-            rows = step_rows(dr.candidates, acc, logits, self._token_types, meta)
-        if run.stream is not None:
-            run.stream(emitted)
-        on_path = set(acc.path)
-        tried = sum(1 for parent in dr.tree.parents.tolist()[1:] if parent in on_path)  # no torch slice op
-        run.policy.observe(StepOutcome(ctx.step, dr.tree.size - 1, acc.accepted, tried, tuple(acc.path[1:]),
-                                       forward_ms, dr.extra, looked_up(dr, acc) if run.proposer else 0))
-        req.tried, req.accepted, req.prev_accepted = req.tried + tried, req.accepted + acc.accepted, acc.accepted
-        return emitted, rows
-
-    @staticmethod
-    def _propose(req: _Request, run: _Run, ctx: DraftContext) -> None:
-        """Before drafting: a proposing policy looks up the step's free candidates."""
-        if run.proposer is not None:
-            run.proposer.propose(req.seq.numpy() if req.seq.is_cpu else req.seq.cpu().numpy(), ctx)
-
-    @staticmethod
-    def _merged(run: _Run, ctx: DraftContext, dr: DraftResult) -> DraftResult:
-        """After drafting: the proposing policy's free candidates merged into the drafted tree."""
-        if run.proposer is None:
-            return dr
-        return merge_lookup(dr, run.proposer.proposals(dr), run.draft_mode, ctx.max_depth)
-
-    @staticmethod
-    def _ended(req: _Request, run: _Run) -> None:
-        if run.proposer is not None:
-            run.proposer.end(req.seq.cpu().numpy())
-
-    def _context(self, req: _Request, step: int, run: _Run, batch: int = 1) -> DraftContext:
-        room = self.context - req.seq.numel() - 1  # positions left after the bonus token
-        max_depth = max(0, min(req.max_new_tokens - len(req.generated) - 1, room))
-        # Draft entropies cost a pass over the vocabulary: only for node logs and policies that read them.
-        entropy = run.log is not None or getattr(run.policy, "reads_draft_entropy", True)
-        return DraftContext(step, len(req.generated), req.prompt_len, run.domain, max_depth,
-                            req.running_accept_rate, req.prev_accepted, self._token_types, entropy, batch)
-
-    def _target_forward(self, req: _Request, tree: DraftTree) -> TargetForward:
-        """One stock forward over the uncached committed tokens plus the tree; logits [n, V] at tree nodes."""
-        t0 = time.perf_counter()
-        feed = self._tree_feed(req, tree, req.target_cache.get_seq_length())
-        cache = self._target_cache(req)
-        out = cache.run(self.target, feed, hidden=self.reads_features)
-        tree_feats = self._chain_features(req, out.features, feed.commit)
-        return TargetForward(out.logits.float(), time.perf_counter() - t0, cache.model_s, tree_feats)
-
-    def _prefill_features(self, req: _Request) -> None:
-        """For a feature draft: the target reads the prompt but its last token first, so the first step drafts."""
-        n = req.seq.numel() - 1
-        if req.features is None or n < 1 or req.target_cache.get_seq_length() > 0:
-            return
-        mask = torch.ones(n, n, dtype=torch.bool).tril()
-        chain = Feed(req.seq[:n], torch.arange(n, device=self.device), mask, commit=n, keep=1, causal=True)
-        req.features.add(self._target_cache(req).run(self.target, chain, hidden=True).features)  # type: ignore[arg-type]
-
-    @staticmethod
-    def _chain_features(req: _Request, features: torch.Tensor | None, chain: int) -> torch.Tensor | None:
-        """A target forward's features: the committed chain's join the request's, the tree's [n, H] come back."""
-        if features is None or req.features is None:
-            return None
-        req.features.add(features[:chain])
-        return features[chain:]
-
-    @staticmethod
-    def _kept_features(req: _Request, tree_features: torch.Tensor | None, kept: list[int]) -> None:
-        """The features of the tree nodes the target cache keeps (``target_keep``) join the request's."""
-        if tree_features is not None and req.features is not None and kept:
-            req.features.add(tree_features[torch.tensor(kept)] if len(kept) > 1 else tree_features[kept[0]][None])
-
-    def _draft_keep(self, dr: DraftResult, acc: Acceptance, emitted: list[int]) -> list[int]:
-        """Pending draft slots to keep: none for a feature draft (its tree slots read guessed features)."""
-        return [] if self.reads_features else draft_keep(dr, acc, emitted)
+        self.token_types = token_type_table(tokenizer, self.vocab)  # [V] each token's type code
 
     @property
     def draft_lag(self) -> int:
         """How many positions the draft cache runs behind the sequence (``Drafter``: a feature draft's one)."""
         return 1 if self.reads_features else 0
 
-    def _tree_feed(self, req: _Request, tree: DraftTree, cached: int) -> Feed:
-        """The committed tokens not yet in the target cache (a causal chain), then the tree under its mask."""
-        root_pos = req.seq.numel() - 1
-        if cached == root_pos:  # every step but the first: only the tree is new
-            tokens, pos = tree.tokens, tree.position_ids(root_pos)
-            if self.device.type != "cpu":  # a no-op move still costs a dispatch on the CPU
-                tokens, pos = tokens.to(self.device), pos.to(self.device)
-            return Feed(tokens, pos, tree.ancestor_mask, keep=tree.size, causal=tree.size == 1)
-        chain = req.seq[cached:-1]  # committed tokens before the root not yet in the cache
-        c = chain.numel()
-        pos = torch.cat([torch.arange(cached, cached + c, device=self.device),
-                         tree.position_ids(root_pos).to(self.device)])  # [c + n]
-        vis = chain_then_tree(c, tree.ancestor_mask)
-        return Feed(torch.cat([chain, tree.tokens.to(self.device)]), pos, vis, commit=c, keep=tree.size,
-                    causal=tree.size == 1)
-
-    def _target_cache(self, req: _Request) -> SoloCache:
-        return SoloCache(req.target_cache, self.target_layout, self.target_dtype)
-
-    def _emit(self, req: _Request, tree: DraftTree, acc: Acceptance) -> list[int]:
-        """Accepted tokens plus the bonus, cut at EOS, max_new_tokens and the context length."""
-        tokens = tree.tokens.tolist()  # a list lookup per accepted node: cheaper than a torch index op
-        proposed = [tokens[i] for i in acc.path[1:]] + [acc.bonus]
-        emitted: list[int] = []
-        for token in proposed:
-            emitted.append(token)
-            req.generated.append(token)
-            if token in self.eos_ids:
-                req.finish = "eos"
-            elif len(req.generated) >= req.max_new_tokens:
-                req.finish = "length"
-            elif req.seq.numel() + len(emitted) >= self.context:
-                req.finish = "context"
-            if req.finish is not None:
-                break
-        return emitted
-
-    def _commit(self, req: _Request, dr: DraftResult, fwd: TargetForward, acc: Acceptance,
-                emitted: list[int]) -> None:
-        """Keep only the emitted part of the accepted path in both caches; extend the sequence.
-
-        Invariant after each step: the target cache holds every token of ``seq`` but the last (pending) one
-        (and ``req.features`` the target's feature at each of them).
-        """
-        committed = req.seq.numel()  # the root is the last committed token; the tree's nodes are pending
-        kept = target_keep(acc, emitted)
-        SoloCache(req.target_cache, self.target_layout, self.target_dtype, committed - 1).compact(kept)
-        self._kept_features(req, fwd.features, kept)
-        drafted = committed - self.draft_lag
-        if req.draft_cache.get_seq_length() >= drafted:  # the draft caught up this step
-            SoloCache(req.draft_cache, self.draft_layout, self.draft_dtype, drafted).compact(
-                self._draft_keep(dr, acc, emitted))
-        req.extend(emitted)
+    def _result(self, req: Request, stats: GenerationStats) -> GenerationResult:
+        text = self.tokenizer.decode(req.generated, skip_special_tokens=True)
+        return GenerationResult(text, list(req.generated), req.seq[: req.prompt_len].tolist(), req.finish, stats)
 
     def _encode(self, prompt: str | list[int], max_new_tokens: int) -> list[int]:
         if max_new_tokens < 1:

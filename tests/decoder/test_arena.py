@@ -8,7 +8,7 @@ from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 from treewise.decoder.arena import ArenaCache, _runs
 from treewise.decoder.errors import TreewiseError
 from treewise.decoder.kvcache import keep_rows
-from treewise.decoder.step import _Request
+from treewise.decoder.step import Request
 
 
 def test_runs_are_slices_that_never_overlap() -> None:
@@ -56,7 +56,7 @@ def test_what_an_arena_does_not_do_says_so() -> None:
 
 
 def test_a_request_appends_into_one_buffer() -> None:
-    req = _Request(seq=torch.tensor([5, 6, 7]), prompt_len=3, max_new_tokens=2)
+    req = Request(seq=torch.tensor([5, 6, 7]), prompt_len=3, max_new_tokens=2)
     root = req.seq[-1:]
     for tokens in ([8], [9, 10], [11] * 5):  # the last overflows the first capacity (3 + 2 + 1)
         req.extend(tokens)

@@ -8,7 +8,7 @@ from conftest import ARCHS, make_model
 from transformers import DynamicCache
 
 from treewise.decoder import Chain, StaticTree, TreeDecoder
-from treewise.decoder.engine import _Run
+from treewise.decoder.engine import Run
 from treewise.decoder.verify import Sampling
 
 SHAPES = {
@@ -110,7 +110,7 @@ def test_cache_compaction_matches_plain_kv(pair) -> None:
     target, draft, tok = pair
     dec = TreeDecoder(target, draft, tok)
     req = dec._new_request(tok("hello tree").input_ids, max_new_tokens=25)
-    run = _Run(StaticTree(3, 3), Sampling(), "topk", None, "d", "p", "r", None)
+    run = Run(StaticTree(3, 3), Sampling(), "topk", None, "d", "p", "r", None)
     with torch.inference_mode():
         dec._loop(req, run)
         for model, cache in ((target, req.target_cache), (draft, req.draft_cache)):
