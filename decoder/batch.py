@@ -139,9 +139,10 @@ def _step(dec: StepCore, active: list[_Row], target: BatchCache, draft: BatchCac
     for row, dr, acc, out in zip(active, drafts, accs, emitted, strict=True):
         row.req.extend(out)
         # Shared forwards are split evenly between the rows that took part.
-        row.stats.steps.append(StepStats(dr.candidates.size, dr.tree.size - 1, acc.accepted, len(out),
-                                         dr.forwards, timing.draft_s / n, timing.verify_s / n, other, dr.policy_s,
-                                         rows=n))
+        row.stats.steps.append(StepStats(drafted=dr.candidates.size, verified=dr.tree.size - 1,
+                                         accepted=acc.accepted, emitted=len(out), draft_forwards=dr.forwards,
+                                         draft_s=timing.draft_s / n, verify_s=timing.verify_s / n, other_s=other,
+                                         policy_s=dr.policy_s, rows=n))
 
 
 def _draft_all(dec: StepCore, active: list[_Row], ctxs: list, cache: BatchCache,

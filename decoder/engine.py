@@ -20,7 +20,7 @@ from .feature_draft import FeatureDraft
 from .loading import load_pair
 from .nodelog import NodeLogWriter
 from .policy import RequestInfo, StaticTree, TreePolicy
-from .results import FinishReason, GenerationResult, GenerationStats, StageTimes, StepStats
+from .results import PLAIN_STEP, FinishReason, GenerationResult, GenerationStats, StageTimes, StepStats
 from .step import Request, Run, StepCore, TargetFeatures
 from .verify import DraftMode, Sampling, VerifyInput
 
@@ -190,8 +190,9 @@ class TreeDecoder(StepCore):
                             drafting=t1 - t0 - dr.forward_s - dr.policy_s, policy=dr.policy_s, verify=t3 - t2,
                             settle=t4 - t3, commit=t5 - t4, total=t5 - t0)
         models = dr.model_s + fwd.model_s
-        return StepStats(dr.candidates.size, dr.tree.size - 1, acc.accepted, len(emitted), dr.forwards, dr.model_s,
-                         fwd.model_s, t5 - t0 - models, dr.policy_s, times)
+        return StepStats(drafted=dr.candidates.size, verified=dr.tree.size - 1, accepted=acc.accepted,
+                         emitted=len(emitted), draft_forwards=dr.forwards, draft_s=dr.model_s, verify_s=fwd.model_s,
+                         other_s=t5 - t0 - models, policy_s=dr.policy_s, stages=times)
 
     @torch.inference_mode()
     def generate_plain(self, prompt: str | list[int], max_new_tokens: int = DEFAULTS.max_new_tokens,
@@ -217,7 +218,7 @@ class TreeDecoder(StepCore):
         finish: FinishReason = "eos" if new and new[-1] in self.eos_ids else (
             "length" if len(new) >= max_new_tokens else "context")
         hidden = assistant is not None or prompt_lookup is not None
-        steps = [] if hidden else [StepStats(0, 0, 0, 1, 0, 0.0, 0.0, 0.0)] * len(new)
+        steps = [] if hidden else [PLAIN_STEP] * len(new)
         stats = GenerationStats(steps=steps, total_s=elapsed)
         name = "plain" if not hidden else ("prompt_lookup" if assistant is None else "assisted")
         return GenerationResult(self.tokenizer.decode(new, skip_special_tokens=True), new, ids, finish, stats, name)
@@ -243,7 +244,7 @@ class TreeDecoder(StepCore):
             new = row[:end]
             finish: FinishReason = "eos" if new and new[-1] in self.eos_ids else (
                 "length" if len(new) >= max_new_tokens else "context")
-            stats = GenerationStats(steps=[StepStats(0, 0, 0, 1, 0, 0.0, 0.0, 0.0)] * len(new), total_s=elapsed)
+            stats = GenerationStats(steps=[PLAIN_STEP] * len(new), total_s=elapsed)
             results.append(GenerationResult(self.tokenizer.decode(new, skip_special_tokens=True), new, e, finish,
                                             stats, "plain"))
         return results

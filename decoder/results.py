@@ -30,7 +30,7 @@ class StageTimes:
         return max(0.0, self.total - named)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class StepStats:
     drafted: int  # candidates the draft proposed (pruned ones included)
     verified: int  # tree nodes sent to the target, root excluded
@@ -43,6 +43,11 @@ class StepStats:
     policy_s: float = 0.0  # the part of other_s spent in the tree policy (predictor included)
     stages: StageTimes | None = None  # the step split by stage (solo decoding)
     rows: int = 1  # rows decoded together in this step (batched decoding)
+
+
+# A step of the target's own decoding (``generate_plain``): one token, no draft, times not observable per step.
+PLAIN_STEP = StepStats(drafted=0, verified=0, accepted=0, emitted=1, draft_forwards=0, draft_s=0.0, verify_s=0.0,
+                       other_s=0.0)
 
 
 @dataclass
