@@ -23,7 +23,8 @@ from treewise.decoder.atomic import write_bytes_atomic
 from treewise.decoder.capability import AttentionLayout
 from treewise.decoder.kvcache import BatchCache, Feed
 from treewise.decoder.mapped import output_vocab
-from treewise.decoder.pairs import LATENCY, PAIRS
+
+from .pairs import LATENCY, PAIRS
 
 SIZES = (1, 2, 4, 8, 16, 32, 64)
 BATCH_ROWS = (1, 2, 4, 8, 16)  # the batch grid: rows ...
@@ -235,7 +236,7 @@ def _config_text(model: PreTrainedModel) -> str:
 def load_or_measure(dec: TreeDecoder, cache_dir: str | Path) -> LatencyProfile:
     """The cached profile of this pair on this device, measured (about a second) on first use.
 
-    A shipped profile (any named pair's ``latency.json``, ``decoder.pairs``) wins when it was measured for this
+    A shipped profile (any named pair's ``latency.json``, ``controller.pairs``) wins when it was measured for this
     very pair and device, so tuning and ``LearnedTree.default()`` use one cost model.
     """
     cache_dir = Path(cache_dir)

@@ -42,7 +42,6 @@ import numpy as np
 import torch
 
 from treewise.decoder import Candidates, Frontier, LevelPlan, RequestInfo, StepOutcome
-from treewise.decoder.pairs import pair_files
 from treewise.decoder.paths import data_dir
 from treewise.predictor.derived import RequestFeatures
 from treewise.predictor.forest import ForestArrays
@@ -52,6 +51,7 @@ from .budgets import BudgetsFile, DomainBudget, load_budgets
 from .features import FeatureLayout, dict_scorer, raw_step_scalars
 from .latency import LatencyProfile
 from .level import DEFAULT_TYPES, DRAFT_MS, GAIN, Kernels, LevelState, kernels, python_kernels, tried_rows
+from .pairs import pair_files
 from .stepcost import MeasuredCosts
 
 PRIOR_ACCEPTANCE = 0.5  # assumed before a request has verified anything
@@ -201,7 +201,7 @@ class LearnedTree:
     def default(cls, latency: LatencyProfile | None = None, online: bool = True,
                 pair: str | None = None) -> LearnedTree:
         """The shipped predictor, budgets and latency profile of the model ``pair`` (None: ``$TREEWISE_PAIR``,
-        else the real pair; ``decoder.pairs.pair_files`` says which files a pair borrows) and the domain
+        else the real pair; ``controller.pairs.pair_files`` says which files a pair borrows) and the domain
         classifier."""
         from treewise.predictor import AcceptancePredictor
 

@@ -248,8 +248,8 @@ def latency(
     """Measure the pair's forward latency by tree size and batch (LearnedTree's cost model); write it as JSON."""
     from treewise.controller import LatencyProfile, measure_latency
     from treewise.controller.latency import measure_batch_grid
+    from treewise.controller.pairs import LATENCY, pair_spec
     from treewise.decoder import TreewiseError
-    from treewise.decoder.pairs import LATENCY, pair_spec
     from treewise.studies.shared.pairs import load_pair_decoder
 
     console = Console()

@@ -24,8 +24,8 @@ from treewise.controller import (
     LearnedRerank,
     LearnedTree,
 )
+from treewise.controller.pairs import pair_files
 from treewise.decoder import TreeDecoder, TreePolicy
-from treewise.decoder.pairs import pair_files
 from treewise.predictor.online import OnlineConfig
 from treewise.studies.shared.config import BenchConfig
 from treewise.studies.shared.measure import (

@@ -36,8 +36,8 @@ class SweepConfig(BaseModel):
     max_depth: int = Field(6, ge=1)  # deepest level, every policy
     top_k: int = Field(4, ge=1)  # confidence/rerank: nodes expanded per level and children each; learned: max_width
     online: bool = True  # learned policies: the per-request online correction of the predictor
-    predictor: Path | None = None  # default: the pair's predictor (decoder.pairs.pair_files)
-    pair: str | None = None  # a decoder.pairs name; None: $TREEWISE_PAIR, else the real pair (smollm2)
+    predictor: Path | None = None  # default: the pair's predictor (controller.pairs.pair_files)
+    pair: str | None = None  # a controller.pairs name; None: $TREEWISE_PAIR, else the real pair (smollm2)
     target: str | None = None  # default: the pair's target
     draft: str | None = None
     # Least tau gain of the learned selection over the confidence tree, by budget (budgets not named: 0).

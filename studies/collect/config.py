@@ -23,7 +23,7 @@ class CollectConfig(BaseModel):
     temperature: float = Field(0.0, ge=0.0)
     seed: int = 0
     shard: str = "1/1"
-    pair: str | None = None  # a decoder.pairs name; None: $TREEWISE_PAIR, else the real pair (smollm2)
+    pair: str | None = None  # a controller.pairs name; None: $TREEWISE_PAIR, else the real pair (smollm2)
     target: Path | None = None  # default: the pair's target (plan_collect fills it in)
     draft: Path | None = None  # default: the pair's draft
     device: str | None = None

@@ -71,7 +71,7 @@ class DemoConfig(BaseModel):
     max_new_tokens: int = 48  # keeps the demo under a minute on 2 shared cores
     tree: str | None = None  # a tree spec overriding ``trees``
     threads: int = 2
-    pair: str | None = None  # a decoder.pairs name; None: $TREEWISE_PAIR, else the real pair (smollm2)
+    pair: str | None = None  # a controller.pairs name; None: $TREEWISE_PAIR, else the real pair (smollm2)
 
     def tree_for(self, pair: str) -> str:
         """The tree spec the demo decodes ``pair`` with: ``tree`` when set, else the pair's shipped policy

@@ -48,7 +48,7 @@ class DemoResult(BaseModel):
     chat: bool  # prompts framed by the target's chat template as a user turn
     tree: str
     max_new_tokens: int
-    borrowed: list[str]  # the pair's data files borrowed from another pair (decoder.pairs.pair_files)
+    borrowed: list[str]  # the pair's data files borrowed from another pair (controller.pairs.pair_files)
     rows: list[DemoRow]
 
 

@@ -21,7 +21,7 @@ class BenchConfig(BaseModel):
     per_domain: int = 3  # prompts per domain (0 = all)
     max_new_tokens: int = 64
     repeats: int = 3
-    pair: str | None = None  # a decoder.pairs name; None: $TREEWISE_PAIR, else the real pair (smollm2)
+    pair: str | None = None  # a controller.pairs name; None: $TREEWISE_PAIR, else the real pair (smollm2)
     target: str | None = None  # default: the pair's target
     draft: str | None = None  # default: the pair's draft
     # Tree rows: row name -> candidate specs; a row with several candidates reports its fastest one.

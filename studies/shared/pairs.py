@@ -1,6 +1,6 @@
 """A named model pair resolved to folders a decoder loads: ``--pair`` with ``--target``/``--draft`` overriding.
 
-The registry (names, draft folders, chat framing, data files) is ``decoder.pairs``; this module adds what only
+The registry (names, draft folders, chat framing, data files) is ``controller.pairs``; this module adds what only
 the studies do: fetching the real target on first use (``studies.shared.fetch``, then found in the cache) and
 checking the folders before anything is downloaded or loaded. Imports the decoder (torch): commands import it
 when they run.
@@ -13,8 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from treewise.controller.pairs import PairFiles, pair_files, pair_spec
 from treewise.decoder import TreeDecoder, TreePolicy, TreewiseError
-from treewise.decoder.pairs import PairFiles, pair_files, pair_spec
 from treewise.decoder.paths import data_dir
 
 from .fetch import SOURCES, fetch

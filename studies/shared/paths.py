@@ -24,7 +24,7 @@ def default_pair() -> tuple[Path, Path]:
     return models / "target", models / "draft"
 
 
-# The model pairs of ``decoder.pairs.PAIRS``, named here for ``--help`` (which imports no torch);
+# The model pairs of ``controller.pairs.PAIRS``, named here for ``--help`` (which imports no torch);
 # tests/studies/test_cli.py holds the two equal.
 PAIR_NAMES = ("smollm2", "micro")
 # Each pair's shipped policy, a tree spec (studies.shared.treespec) sized for its cost curve: what `treewise demo`

@@ -87,7 +87,7 @@ class TreeSpec:
 
     def build(self, pair: str | None = None) -> TreePolicy:
         """The policy; a kind that reads data files (learned, budgeted) reads model ``pair``'s (None: the default
-        pair, ``decoder.pairs``)."""
+        pair, ``controller.pairs``)."""
         kind = _KINDS[self.kind]
         try:
             return kind.build(**self.params, **({"pair": pair} if kind.uses_pair else {}))
@@ -288,7 +288,7 @@ register_tree_kind(TreeKind(
        "budgets": Param(str, help="budgets file to read instead of the pair's budgets.json"),
        "lookup": Param(bool, help="merge suffix-lookup candidates into the tree (the hybrid kind; default false)"),
        "predictor": Param(str, help="predictor folder to read instead of the pair's")},
-    help="LearnedTree with the model pair's predictor, budgets and latency profile (decoder.pairs.pair_files)",
+    help="LearnedTree with the model pair's predictor, budgets and latency profile (controller.pairs.pair_files)",
     uses_pair=True,
 ))
 register_tree_kind(TreeKind(

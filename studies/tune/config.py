@@ -20,8 +20,8 @@ Family = Literal["static", "confidence", "learned"]
 
 def default_budgets_path(pair: str | None = None) -> Path:
     """The model pair's own budgets file (data/budgets.json for micro, data/smollm2/budgets.json for smollm2):
-    the one ``BudgetedTree.default(pair=)`` reads (``decoder.pairs``; imports torch, so only when a run starts)."""
-    from treewise.decoder.pairs import BUDGETS, pair_spec
+    the one ``BudgetedTree.default(pair=)`` reads (``controller.pairs``; imports torch, so only when a run starts)."""
+    from treewise.controller.pairs import BUDGETS, pair_spec
 
     return pair_spec(pair).own(BUDGETS)
 
@@ -124,11 +124,11 @@ class TuneConfig(BaseModel):
                              "is failed and re-queued for another worker")
     space: SearchSpace = Field(default_factory=SearchSpace)  # validated against the controller's bounds
     warm_start: bool = True  # a new study's first trial measures budgets_out's present entry for its domain
-    predictor: Path | None = None  # None: the pair's predictor when present (decoder.pairs.pair_files)
+    predictor: Path | None = None  # None: the pair's predictor when present (controller.pairs.pair_files)
     latency_cache: Path = Path("runs/latency")
     budgets_out: Path  # absent or None: the pair's own budgets file (``_pair_budgets``)
     finalize: bool = True  # False: a worker that only runs trials (no budgets file, no held-out run)
-    pair: str | None = None  # a decoder.pairs name; None: $TREEWISE_PAIR, else the real pair (smollm2)
+    pair: str | None = None  # a controller.pairs name; None: $TREEWISE_PAIR, else the real pair (smollm2)
     target: str | None = None  # default: the pair's target
     draft: str | None = None
 

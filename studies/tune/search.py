@@ -40,8 +40,8 @@ from treewise.controller import (
     policy_from_budget,
     save_budgets,
 )
+from treewise.controller.pairs import pair_files
 from treewise.decoder import GenerationResult, TreeDecoder, TreePolicy, TreewiseError
-from treewise.decoder.pairs import pair_files
 from treewise.studies.shared.measure import BenchConfig, load_bench_decoder, select_prompts
 from treewise.studies.shared.suites import Prompt, load_suite
 

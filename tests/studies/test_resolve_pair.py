@@ -13,9 +13,9 @@ from conftest import write_suite
 from transformers import AutoTokenizer
 from typer.testing import CliRunner
 
+from treewise.controller.pairs import PAIRS
 from treewise.decoder import TreewiseError
 from treewise.decoder.chat import chat_ids
-from treewise.decoder.pairs import PAIRS
 from treewise.studies.cli import app
 from treewise.studies.shared import pairs as shared_pairs
 from treewise.studies.shared.pairs import load_pair_decoder, resolve_pair

@@ -27,7 +27,7 @@ def test_learned_spec_names_a_missing_budgets_file(tmp_path) -> None:
 def test_learned_spec_reads_the_predictor_folder_it_is_given(tmp_path) -> None:
     import shutil
 
-    from treewise.decoder.pairs import pair_files
+    from treewise.controller.pairs import pair_files
 
     other = tmp_path / "other-predictor"
     shutil.copytree(pair_files("micro").predictor, other)

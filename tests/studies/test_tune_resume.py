@@ -58,7 +58,7 @@ _TREEWISE = textwrap.dedent("""
 
 @pytest.fixture
 def env(tmp_path) -> dict[str, str]:
-    (tmp_path / "data").mkdir()  # an empty data folder: the pair's data files are looked up in it (decoder.pairs)
+    (tmp_path / "data").mkdir()  # an empty data folder: the pair's data files are looked up in it (controller.pairs)
     return {**os.environ, "OMP_NUM_THREADS": "1", "TREEWISE_DATA": str(tmp_path / "data"), "PYTHONPATH": str(ROOT),
             "TW_MARKER": str(tmp_path / "marker"), "COLUMNS": "200"}
 

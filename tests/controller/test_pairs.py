@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 from conftest import make_model, make_tokenizer
 
+from treewise.controller.pairs import PAIR_ENV, default_pair_name, pair_files, pair_spec
 from treewise.decoder import TreeDecoder, TreewiseError
 from treewise.decoder.chat import chat_ids
-from treewise.decoder.pairs import PAIR_ENV, default_pair_name, pair_files, pair_spec
 
 TEMPLATE = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}</s>{% endfor %}" \
            "{% if add_generation_prompt %}<assistant>{% endif %}"

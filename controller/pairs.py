@@ -16,8 +16,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import TreewiseError
-from .paths import data_dir
+from treewise.decoder.errors import TreewiseError
+from treewise.decoder.paths import data_dir
 
 PAIR_ENV = "TREEWISE_PAIR"
 DEFAULT_PAIR = "smollm2"
