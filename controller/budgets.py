@@ -14,8 +14,8 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from treewise.decoder import TreewiseError
-from treewise.decoder.atomic import write_bytes_atomic
 from treewise.decoder.paths import data_dir
+from treewise.decoder.records.atomic import write_bytes_atomic
 
 BUDGETS_FILE = "budgets.json"
 _FORMAT_HINT = 'expected {"version": 1, "default": {...}, "domains": {"<domain>": {...}}, "provenance": {...}}'

@@ -23,8 +23,8 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from treewise.decoder import TreewiseError
-from treewise.decoder.atomic import write_bytes_atomic
 from treewise.decoder.paths import data_dir
+from treewise.decoder.records.atomic import write_bytes_atomic
 
 CLASSIFIER_FILE = "domain_classifier.npz"
 FORMAT_VERSION = 1

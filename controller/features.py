@@ -20,7 +20,7 @@ from typing import NamedTuple, Protocol, runtime_checkable
 import numpy as np
 
 from treewise.decoder import Frontier, TreewiseError
-from treewise.decoder.nodelog import NUMPY_TYPES, TOKEN_TYPES
+from treewise.decoder.records.nodelog import NUMPY_TYPES, TOKEN_TYPES
 from treewise.predictor.derived import DERIVED_COLUMNS, RequestFeatures
 
 Scalar = Callable[[Frontier, RequestFeatures], float]
@@ -77,7 +77,7 @@ def raw_step_scalars(f: Frontier, c: RequestFeatures) -> StepScalars:
 # The per-level sources the level writes, in the order of ``FeatureLayout.cols`` (-1: the model does not read it).
 SOURCES = ("sibling_rank", "draft_logprob", "draft_entropy", "draft_margin", "path_logprob", "parent_draft_prob",
            "token_id", "token_type", "parent_margin", "parent_entropy", "depth", "position")
-# What the draft model's own candidates hold in the lookup columns (decoder.merge): the same in every row, so
+# What the draft model's own candidates hold in the lookup columns (decoder.candidates.merge): the same in every row, so
 # the request's template row carries them and the level never writes them.
 DRAFT_ONLY: dict[str, float] = {"lookup_prob": math.nan, "lookup_count": 0.0, "match_len": 0.0}
 FILLED = frozenset({"domain", "source", *DRAFT_ONLY, *SOURCES, *STEP_SCALARS})

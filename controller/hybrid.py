@@ -1,14 +1,14 @@
 """Hybrid: a tree policy's drafted tree plus free candidates, what earlier text says comes next.
 
 Each step looks up the longest suffix of the request's text (its prompt and output so far and, with a
-``SuffixStore``, earlier requests' outputs of its domain; ``decoder.lookup``) and values each lookup node by
+``SuffixStore``, earlier requests' outputs of its domain; ``decoder.candidates.lookup``) and values each lookup node by
 its shrunk empirical path probability, ``count / (occurrences + prior)``, times what lookup nodes of that
 domain and matched length have delivered per unit of such value so far (``LookupCalibration``: a match of one
 common word promises less than its counts say). Nodes valued below ``min_value`` stay out. When the kept
 lookup nodes promise ``skip_gain`` tokens or more, and more tokens per millisecond of forwards than the
 request's drafting steps have delivered (both measured: the first such step is a probe that times one), the step
 skips the draft model (no draft forward: the tree is the lookup's alone); otherwise the inner policy
-drafts as it would and the lookup nodes join its tree (``decoder.merge``), best value first while each pays
+drafts as it would and the lookup nodes join its tree (``decoder.candidates.merge``), best value first while each pays
 for the verify it adds at the pair's latency profile (with no profile: all kept nodes). Verification is
 unchanged, so the output is the target's.
 """
@@ -22,9 +22,9 @@ import numpy as np
 import torch
 
 from treewise.decoder import Candidates, Frontier, LevelPlan, RequestInfo, StepOutcome, TreePolicy
-from treewise.decoder.batch import fresh_policy
+from treewise.decoder.candidates.lookup import LookupConfig, LookupSource, LookupTree, SuffixStore, empty_tree
 from treewise.decoder.draft import DraftContext, DraftResult
-from treewise.decoder.lookup import LookupConfig, LookupSource, LookupTree, SuffixStore, empty_tree
+from treewise.decoder.loop.batch import fresh_policy
 
 from .latency import LatencyProfile
 
@@ -56,7 +56,7 @@ class LookupCalibration:
 
 @dataclass
 class Hybrid:
-    """``inner``'s trees with lookup candidates merged in (a ``decoder.merge.Proposer``); ``store``: earlier
+    """``inner``'s trees with lookup candidates merged in (a ``decoder.candidates.merge.Proposer``); ``store``: earlier
     requests' outputs, shared by every copy of this policy (None: each request's own text only).
 
     The store and the calibration learn from earlier requests, so a request's trees depend on what this policy

@@ -19,10 +19,10 @@ from pydantic import BaseModel, PrivateAttr, ValidationError
 from transformers import PreTrainedModel
 
 from treewise.decoder import ArenaCache, TreeDecoder, TreewiseError, tree_attention_mask
-from treewise.decoder.atomic import write_bytes_atomic
+from treewise.decoder.cache.kvcache import BatchCache, Feed
 from treewise.decoder.capability import AttentionLayout
-from treewise.decoder.kvcache import BatchCache, Feed
-from treewise.decoder.mapped import output_vocab
+from treewise.decoder.kernels.mapped import output_vocab
+from treewise.decoder.records.atomic import write_bytes_atomic
 
 from .pairs import LATENCY, PAIRS
 

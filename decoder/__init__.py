@@ -1,12 +1,10 @@
 """Lossless tree speculative decoding for any pair of Hugging Face causal LMs sharing a tokenizer."""
 
-from .arena import ArenaCache
-from .draft import DraftContext, DraftResult, draft_tree
-from .engine import DEFAULTS, DecodeConfig, TreeDecoder
-from .errors import TreewiseError
-from .lookup import LookupConfig, LookupIndex, LookupSource, LookupTree, SuffixStore
-from .merge import Proposer, merge_lookup
-from .nodelog import (
+from treewise.decoder.cache.arena import ArenaCache
+from treewise.decoder.candidates.lookup import LookupConfig, LookupIndex, LookupSource, LookupTree, SuffixStore
+from treewise.decoder.candidates.merge import Proposer, merge_lookup
+from treewise.decoder.loop.engine import DEFAULTS, DecodeConfig, TreeDecoder
+from treewise.decoder.records.nodelog import (
     FEATURE_COLUMNS,
     LABEL_COLUMNS,
     SCHEMA,
@@ -16,6 +14,10 @@ from .nodelog import (
     NodeLogWriter,
     read_node_logs,
 )
+from treewise.decoder.records.results import GenerationResult, GenerationStats, StageTimes, StepStats
+
+from .draft import DraftContext, DraftResult, draft_tree
+from .errors import TreewiseError
 from .policy import (
     Candidates,
     Chain,
@@ -28,7 +30,6 @@ from .policy import (
     TreePolicy,
     top_k_mask,
 )
-from .results import GenerationResult, GenerationStats, StageTimes, StepStats
 from .tree import DraftTree, chain_then_tree, tree_attention_mask
 from .verify import Acceptance, Sampling, Verifier, VerifyInput, verify, verify_greedy
 

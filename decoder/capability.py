@@ -107,7 +107,8 @@ def attention_layout(model: PreTrainedModel, allow_unverified: bool = False) -> 
                             "tree path, so treewise refuses this model rather than decode it wrongly")
     if SLIDING in kinds and not (isinstance(window, int) and window > 0):
         raise TreewiseError(f"{name} has sliding-attention layers but no positive config.sliding_window ({window!r})")
-    # A model class may declare the verified architecture it only wraps (decoder/mapped.py: a Llama on mapped ids).
+    # A model class may declare the verified architecture it only wraps (decoder/kernels/mapped.py: a Llama on
+    # mapped ids).
     if getattr(model.config, "verified_as", model.config.model_type) not in VERIFIED and not allow_unverified:
         raise TreewiseError(
             f"{name} (model_type {model.config.model_type!r}) is not in treewise's verified architectures "

@@ -12,10 +12,11 @@ import numpy as np
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from .arena import ArenaCache
+from treewise.decoder.cache.arena import ArenaCache
+from treewise.decoder.cache.kvcache import Feed, ModelOut, SoloCache
+from treewise.decoder.kernels.native import FLOAT_COLUMNS, INT_COLUMNS, TreeArrays, expander, kernel, tree_builder
+
 from .capability import FULL, AttentionLayout
-from .kvcache import Feed, ModelOut, SoloCache
-from .native import FLOAT_COLUMNS, INT_COLUMNS, TreeArrays, expander, kernel, tree_builder
 from .policy import Candidates, Frontier, LevelPlan, TreePolicy
 from .tree import DraftTree
 from .verify import DraftMode, Sampling
@@ -31,11 +32,11 @@ class DraftResult:
     policy_s: float  # time in the policy's plan calls
     forwards: int
     model_s: float = 0.0  # the part of forward_s inside the stock model calls
-    extra: int = 0  # nodes merged in from other sources (decoder.merge), appended after the draft's own
+    extra: int = 0  # nodes merged in from other sources (decoder.candidates.merge), appended after the draft's own
 
     @property
     def fixed_from(self) -> int:
-        """Tree index of the first node another source proposed (deterministic candidates, decoder.merge)."""
+        """Tree index of the first node another source proposed (deterministic candidates, decoder.candidates.merge)."""
         return self.tree.size - self.extra
 
 
@@ -329,7 +330,7 @@ class Drafter:
 
     def cut(self, select: np.ndarray) -> DraftResult:
         """The step's tree again with only the kept candidates ``select`` marks ([m] bool; any node whose parent
-        is dropped goes too): a final selection, or a batch's common cap (``decoder.batch``)."""
+        is dropped goes too): a final selection, or a batch's common cap (``decoder.loop.batch``)."""
         cols, keep, fed = self._final
         arrays = self.tree(keep & select, cols["parent"], cols["tokens"], fed, int(self.seq[-1]))
         return self._indexed(Candidates({**cols, "tree_index": arrays.index}), arrays)

@@ -24,7 +24,8 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from transformers import LlamaConfig, LlamaModel, PreTrainedModel
 
-from .atomic import atomic_path, write_bytes_atomic
+from treewise.decoder.records.atomic import atomic_path, write_bytes_atomic
+
 from .errors import TreewiseError
 
 CONFIG = "feature_draft.json"

@@ -10,12 +10,15 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.utils import logging as hf_logging
 
-from .atomic import recover_dir
+from treewise.decoder.kernels.linears import choose_linears
+from treewise.decoder.kernels.mapped import (
+    output_vocab,  # also registers the mapped draft class with AutoModelForCausalLM
+)
+from treewise.decoder.records.atomic import recover_dir
+
 from .errors import TreewiseError
 from .feature_draft import CONFIG as FEATURE_CONFIG
 from .feature_draft import FeatureDraft
-from .kernels import choose_linears
-from .mapped import output_vocab  # also registers the mapped draft class with AutoModelForCausalLM
 
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
            "float16": torch.float16, "fp16": torch.float16}
@@ -93,7 +96,7 @@ def _load_model(path: str | Path, device: torch.device, dtype: torch.dtype, trus
                             "folder (config.json + weights) or a reachable hub id") from None
     model = model.to(device).eval()
     if device.type == "cpu":
-        choose_linears(model)  # few-row products as this CPU runs them faster (decoder/kernels.py)
+        choose_linears(model)  # few-row products as this CPU runs them faster (decoder/kernels/linears.py)
     return model
 
 

@@ -16,8 +16,9 @@ from typing import ClassVar, Protocol, runtime_checkable
 import numpy as np
 import torch
 
+from treewise.decoder.records.nodelog import NUMPY_TYPES, SOURCES, TOKEN_TYPES, feature_columns
+
 from .errors import TreewiseError
-from .nodelog import NUMPY_TYPES, SOURCES, TOKEN_TYPES, feature_columns
 
 _TYPE_NAMES = np.asarray(TOKEN_TYPES, dtype=object)
 # The per-candidate columns of a Frontier, by field name.
@@ -190,7 +191,7 @@ _SOURCE_NAMES = np.asarray(SOURCES, dtype=object)
 
 
 def _lookup_features(c: Frontier | Candidates) -> dict[str, object]:
-    """Who proposed each candidate and what the lookup knew of it (decoder.merge); a frontier, and a step the
+    """Who proposed each candidate and what the lookup knew of it (decoder.candidates.merge); a frontier, and a step the
     draft model alone drafted, hold the draft's candidates only."""
     cols = c.columns
     if "source" not in cols:
@@ -253,7 +254,7 @@ class StepOutcome:
     tried: int  # verified nodes whose parent was accepted
     path: tuple[int, ...] = ()  # tree indices of the accepted nodes, root (0) excluded, in order
     forward_ms: float = float("nan")  # the step's model forwards, draft and target, as measured (a batch: shared)
-    extra: int = 0  # verified nodes another source proposed (decoder.merge): the last ``extra`` tree indices
+    extra: int = 0  # verified nodes another source proposed (decoder.candidates.merge): the last ``extra`` tree indices
     from_lookup: int = 0  # accepted nodes another source proposed, alone or with the draft model
 
 
@@ -282,7 +283,7 @@ class TreePolicy(Protocol):
 class BatchSizing(Protocol):
     """A policy that sizes a batch's trees together. A batched target forward pads every row's tree to the
     largest, so a node past the others' sizes costs a token in every row: after drafting, the batch keeps at
-    most ``batch_cap`` nodes per row, each row its best by ``node_values`` (``decoder.batch``)."""
+    most ``batch_cap`` nodes per row, each row its best by ``node_values`` (``decoder.loop.batch``)."""
 
     def node_values(self) -> np.ndarray:
         """This step's candidates' values in candidate order, non-increasing from parent to child (0 where the

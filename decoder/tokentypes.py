@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 from transformers import PreTrainedTokenizerBase
 
-from .nodelog import TOKEN_TYPES
+from treewise.decoder.records.nodelog import TOKEN_TYPES
 
 _PUNCT = set(".,;:!?'\"-")
 

@@ -75,7 +75,7 @@ class VerifyInput:
     # Draft distributions at expanded nodes (tree index -> [V]); needed by the ``sampled`` rule only.
     draft_probs: Mapping[int, torch.Tensor] = field(default_factory=dict)
     generator: torch.Generator | None = None
-    # Nodes from this index on are deterministic proposals of another source (decoder.merge): under the
+    # Nodes from this index on are deterministic proposals of another source (decoder.candidates.merge): under the
     # ``sampled`` rule they are tried first, by the ``topk`` rule, before the draft's i.i.d. samples.
     fixed_from: int | None = None
 

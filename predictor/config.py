@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from treewise.decoder.nodelog import FEATURE_COLUMNS
+from treewise.decoder.records.nodelog import FEATURE_COLUMNS
 
 from .derived import DERIVED_COLUMNS
 

@@ -36,7 +36,8 @@ class ScoredMetrics:
     per_domain: dict[str, BinaryMetrics]
     note: str = ""
     extra: dict[str, float] = field(default_factory=dict)
-    per_source: dict[str, BinaryMetrics] = field(default_factory=dict)  # who proposed the node (decoder.merge)
+    # who proposed the node (decoder.candidates.merge)
+    per_source: dict[str, BinaryMetrics] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = self.overall.to_dict()

@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from treewise.decoder.errors import TreewiseError
-from treewise.decoder.nodelog import FEATURE_COLUMNS, SCHEMA_VERSION, SOURCES, TOKEN_TYPES
+from treewise.decoder.records.nodelog import FEATURE_COLUMNS, SCHEMA_VERSION, SOURCES, TOKEN_TYPES
 
 from .derived import DERIVED_COLUMNS, derived_columns, parent_row
 

@@ -14,9 +14,9 @@ import numpy as np
 import pyarrow as pa
 from pydantic import ValidationError
 
-from treewise.decoder.atomic import atomic_dir, recover_dir
 from treewise.decoder.errors import TreewiseError
-from treewise.decoder.nodelog import SCHEMA_VERSION
+from treewise.decoder.records.atomic import atomic_dir, recover_dir
+from treewise.decoder.records.nodelog import SCHEMA_VERSION
 
 from .calibration import IsotonicCalibrator, fit_isotonic
 from .config import PredictorConfig

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow as pa
 
-from treewise.decoder.nodelog import SCHEMA, TOKEN_TYPES
+from treewise.decoder.records.nodelog import SCHEMA, TOKEN_TYPES
 
 
 @dataclass(frozen=True)

@@ -95,7 +95,7 @@ def test_no_upper_bound_on_the_numeric_stack() -> None:
 # such as an old compiled-forest cache, are not data).
 REQUIRED = [
     "treewise/__init__.py", "treewise/py.typed", "treewise/decoder/__init__.py", "treewise/decoder/paths.py",
-    "treewise/decoder/engine.py", "treewise/predictor/__init__.py", "treewise/predictor/forest.py",
+    "treewise/decoder/loop/engine.py", "treewise/predictor/__init__.py", "treewise/predictor/forest.py",
     "treewise/controller/__init__.py", "treewise/controller/learned.py", "treewise/studies/cli.py",
     *(f"treewise/data/models/{m}/{f}" for m in ("target", "draft")
       for f in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")),

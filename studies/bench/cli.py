@@ -236,7 +236,7 @@ def latency(
     context: Annotated[int, typer.Option(help="cached tokens under each timed forward")] = 128,
     linears_ab: Annotated[bool, typer.Option(
         "--linears-ab", help="instead: time the target with torch's nn.Linear and with the decoder's SkinnyLinear "
-                             "(decoder/kernels.py) in turns, and print both; writes nothing")] = False,
+                             "(decoder/kernels/linears.py) in turns, and print both; writes nothing")] = False,
     decode: Annotated[int, typer.Option(
         help="with --linears-ab: also decode N test prompts per domain (tree spec learned, 64 tokens) with each "
              "kind, alternating")] = 0,

@@ -1,5 +1,5 @@
 """``treewise latency --linears-ab``: the target's forward with torch's ``nn.Linear`` against the decoder's
-``SkinnyLinear`` (decoder/kernels.py), timed in turns so that a slow spell of the machine hits both alike;
+``SkinnyLinear`` (decoder/kernels/linears.py), timed in turns so that a slow spell of the machine hits both alike;
 with ``--decode N``, also whole decodes of N test prompts per domain, the two kinds alternating by prompt."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from transformers import PreTrainedModel
 
 from treewise.controller.latency import SIZES, time_forwards
 from treewise.decoder import TreeDecoder
-from treewise.decoder.kernels import SkinnyLinear, swap_linears
+from treewise.decoder.kernels.linears import SkinnyLinear, swap_linears
 
 
 @dataclass(frozen=True)

@@ -131,7 +131,7 @@ def plot_batch_bench(result: BatchBenchResult, path: Path, title: str = "") -> P
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from treewise.decoder.atomic import write_bytes_atomic
+    from treewise.decoder.records.atomic import write_bytes_atomic
 
     fig, ax = plt.subplots(figsize=(6.4, 4.0))
     names = list(dict.fromkeys(r.row for r in result.rows))

@@ -76,7 +76,7 @@ def plot_sweep(result: SweepResult, path: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from treewise.decoder.atomic import write_bytes_atomic
+    from treewise.decoder.records.atomic import write_bytes_atomic
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for policy in result.config.policies:

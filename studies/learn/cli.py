@@ -38,7 +38,7 @@ def _classifier_path() -> Path:
 
 
 def _expected() -> tuple[type[Exception], ...]:
-    from treewise.decoder.nodelog import NodeLogError
+    from treewise.decoder.records.nodelog import NodeLogError
     from treewise.predictor.features import FeatureSchemaError
     from treewise.predictor.model import PredictorError
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from treewise.controller.domains import DomainClassifierConfig, DomainTraining, train_domain_classifier
-from treewise.decoder.nodelog import NodeLogError, read_node_logs
+from treewise.decoder.records.nodelog import NodeLogError, read_node_logs
 from treewise.studies.shared.runs import RunError, load_run
 from treewise.studies.shared.suites import load_suite
 

@@ -2,7 +2,7 @@
 
 The draft is a ``MappedLlamaForCausalLM``: a stock Llama of a few layers at the target's width, initialised
 from the target's first layers, final norm and embedding rows, whose vocabulary is the K tokens the target
-says most often in the training answers plus one ``other`` row (decoder/mapped.py says why the head is cut).
+says most often in the training answers plus one ``other`` row (decoder/kernels/mapped.py says why the head is cut).
 It learns the target's distribution, not its samples: the loss at every answer token is the cross-entropy
 against the target's top-k probabilities (DistillSpec, arXiv 2310.08461), the mass on unkept tokens going to
 ``other``, so the draft's probabilities of kept tokens stay calibrated.
@@ -27,9 +27,9 @@ import torch
 from safetensors.torch import save_file
 from transformers import AutoModelForCausalLM, GenerationConfig, LlamaForCausalLM
 
-from treewise.decoder.atomic import atomic_dir, atomic_path, write_bytes_atomic
 from treewise.decoder.errors import TreewiseError
-from treewise.decoder.mapped import MappedLlamaConfig, MappedLlamaForCausalLM
+from treewise.decoder.kernels.mapped import MappedLlamaConfig, MappedLlamaForCausalLM
+from treewise.decoder.records.atomic import atomic_dir, atomic_path, write_bytes_atomic
 
 from .config import DistillConfig
 from .train import lr_at, restore_checkpoint, save_checkpoint
@@ -294,7 +294,8 @@ def render_card(card: dict) -> str:
     """The model card: what the draft is, what it was trained on and how it scores on held-out answers."""
     lines = [
         "# SmolLM2-135M-Instruct draft, distilled by treewise", "",
-        f"A `MappedLlamaForCausalLM` (treewise/decoder/mapped.py): {card['layers']} Llama layers at the target's "
+        "A `MappedLlamaForCausalLM` (treewise/decoder/kernels/mapped.py): "
+        f"{card['layers']} Llama layers at the target's "
         f"width, initialised from the target's layers {card['init_layers']} (and its final norm and embedding "
         f"rows), with a vocabulary of the {card['kept_tokens']} "
         "target tokens most frequent in the training answers plus one `other` row; it reads and writes target "

@@ -23,9 +23,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from treewise.decoder.atomic import write_bytes_atomic
 from treewise.decoder.errors import TreewiseError
 from treewise.decoder.feature_draft import FeatureDraft
+from treewise.decoder.records.atomic import write_bytes_atomic
 
 from .config import FeatureTrainConfig
 from .train import lr_at, restore_checkpoint, save_checkpoint

@@ -30,8 +30,8 @@ import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict
 
-from treewise.decoder.atomic import atomic_path, write_bytes_atomic
 from treewise.decoder.errors import TreewiseError
+from treewise.decoder.records.atomic import atomic_path, write_bytes_atomic
 from treewise.studies.shared.suites import load_suite
 
 MANIFEST = "manifest.json"

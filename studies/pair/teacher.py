@@ -25,9 +25,9 @@ import numpy as np
 import torch
 from pydantic import BaseModel, field_validator
 
-from treewise.decoder.atomic import atomic_path, write_bytes_atomic
 from treewise.decoder.chat import chat_ids
 from treewise.decoder.errors import TreewiseError
+from treewise.decoder.records.atomic import atomic_path, write_bytes_atomic
 from treewise.studies.shared.suites import load_suite
 
 MANIFEST = "manifest.json"

@@ -24,8 +24,8 @@ from safetensors.torch import load_file, save_file
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from treewise.decoder.atomic import atomic_dir, atomic_path, write_bytes_atomic
 from treewise.decoder.errors import TreewiseError
+from treewise.decoder.records.atomic import atomic_dir, atomic_path, write_bytes_atomic
 
 from .config import ModelShape, PairConfig
 from .corpus.build import DOMAINS, Corpus, build_corpus

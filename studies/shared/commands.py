@@ -39,9 +39,11 @@ def fail(console: Console, err: Exception | str, code: int = 2) -> NoReturn:
 
 
 def write_text(path: Path, text: str, console: Console | None = None) -> Path:
-    """Write a command's output file atomically (decoder.atomic: temp file, fsync, rename), so a reader never
+    """Write a command's output file atomically (decoder.records.atomic: temp file, fsync, rename), so a reader never
     sees half a JSON; say so on ``console`` when given."""
-    from treewise.decoder.atomic import write_bytes_atomic  # the decoder imports torch: only once a command writes
+    from treewise.decoder.records.atomic import (
+        write_bytes_atomic,  # the decoder imports torch: only once a command writes
+    )
 
     write_bytes_atomic(path, text.encode("utf-8"))
     if console is not None:

@@ -27,8 +27,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from treewise.decoder.atomic import atomic_dir
 from treewise.decoder.errors import TreewiseError
+from treewise.decoder.records.atomic import atomic_dir
 
 MARKER = "treewise-source.json"  # written last into the converted folder: what it was converted from
 

@@ -29,8 +29,8 @@ import pyarrow.parquet as pq
 from pydantic import BaseModel, ValidationError
 
 from treewise.decoder import SCHEMA, TreewiseError, read_node_logs
-from treewise.decoder.atomic import atomic_path, create_exclusive, write_bytes_atomic
-from treewise.decoder.nodelog import part_is_readable
+from treewise.decoder.records.atomic import atomic_path, create_exclusive, write_bytes_atomic
+from treewise.decoder.records.nodelog import part_is_readable
 
 
 class RunError(TreewiseError):

@@ -161,7 +161,7 @@ def _static(width: int | None, depth: int | None, branching: Levels | None,
     if not lookup:
         return tree
     # For node logs of both sources (``treewise collect``): every step drafts, every valued lookup node joins.
-    from treewise.decoder.lookup import LookupConfig, SuffixStore
+    from treewise.decoder.candidates.lookup import LookupConfig, SuffixStore
 
     config = LookupConfig(max_nodes=16, max_depth=8)
     return Hybrid(tree, config, SuffixStore(config), skip_gain=float("inf"))
@@ -236,7 +236,7 @@ def _with_lookup(inner: TreePolicy, store: bool, pair: str | None, max_nodes: in
     """``inner`` plus lookup candidates priced by the pair's latency profile; ``store``: also earlier requests'
     outputs (a store shared by every request this policy decodes)."""
     from treewise.controller.learned import PairData
-    from treewise.decoder.lookup import LookupConfig, SuffixStore
+    from treewise.decoder.candidates.lookup import LookupConfig, SuffixStore
 
     lookup = LookupConfig(max_nodes=max_nodes or 16, max_depth=max_depth or 8)
     return Hybrid(inner, lookup, SuffixStore(lookup) if store else None, PairData.load(pair).latency,

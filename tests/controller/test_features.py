@@ -15,8 +15,8 @@ from treewise.controller import BudgetsFile, DomainBudget, LearnedTree
 from treewise.controller.features import _SCALARS, STEP_SCALARS, FeatureLayout, raw_step_scalars
 from treewise.controller.level import DEFAULT_TYPES, LevelState, kernels, python_kernels, tried_rows
 from treewise.decoder import Frontier, NodeLogWriter, StepOutcome, TreeDecoder, TreewiseError
-from treewise.decoder.nodelog import TOKEN_TYPES, read_node_logs
 from treewise.decoder.paths import data_dir
+from treewise.decoder.records.nodelog import TOKEN_TYPES, read_node_logs
 from treewise.predictor import AcceptancePredictor
 from treewise.predictor.derived import RequestFeatures
 from treewise.predictor.features import FeatureSchemaError

@@ -8,7 +8,7 @@ from conftest import make_model
 
 from treewise.controller import BudgetsFile, DomainBudget, LearnedTree
 from treewise.decoder import NodeLogWriter, TreeDecoder
-from treewise.decoder.nodelog import read_node_logs
+from treewise.decoder.records.nodelog import read_node_logs
 from treewise.predictor.derived import DERIVED_COLUMNS, derived_columns
 from treewise.predictor.features import _np, conditional_mask, request_keys
 from treewise.predictor.online import OnlineConfig

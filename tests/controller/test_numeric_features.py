@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from treewise.decoder import Frontier
-from treewise.decoder.nodelog import SOURCES, TOKEN_TYPES
 from treewise.decoder.paths import data_dir
+from treewise.decoder.records.nodelog import SOURCES, TOKEN_TYPES
 
 
 def _frontier(domain: str, table: bool = True) -> Frontier:

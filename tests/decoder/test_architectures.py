@@ -179,7 +179,7 @@ def test_compaction_refuses_a_windowed_cache_layer() -> None:
     """A cache that evicts rows (the model's own sliding-window layers) would make row indices lie."""
     from transformers import DynamicCache
 
-    from treewise.decoder.kvcache import keep_rows
+    from treewise.decoder.cache.kvcache import keep_rows
 
     model = build("mistral", 0, window=True)
     cache = DynamicCache(config=model.config)

@@ -5,10 +5,10 @@ import pytest
 import torch
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 
-from treewise.decoder.arena import ArenaCache, _runs
+from treewise.decoder.cache.arena import ArenaCache, _runs
+from treewise.decoder.cache.kvcache import keep_rows
 from treewise.decoder.errors import TreewiseError
-from treewise.decoder.kvcache import keep_rows
-from treewise.decoder.step import Request
+from treewise.decoder.loop.step import Request
 
 
 def test_runs_are_slices_that_never_overlap() -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from treewise.decoder.atomic import create_exclusive
+from treewise.decoder.records.atomic import create_exclusive
 
 
 def test_create_exclusive_first_writer_wins(tmp_path) -> None:
@@ -15,7 +15,7 @@ def test_create_exclusive_first_writer_wins(tmp_path) -> None:
 
 
 def test_atomic_dir_replaces_owned_files_keeps_the_users(tmp_path) -> None:
-    from treewise.decoder.atomic import atomic_dir
+    from treewise.decoder.records.atomic import atomic_dir
 
     out = tmp_path / "artifact"
     with atomic_dir(out, owned={"a", "b"}) as stage:
@@ -30,7 +30,7 @@ def test_atomic_dir_replaces_owned_files_keeps_the_users(tmp_path) -> None:
 
 
 def test_atomic_dir_failure_keeps_the_old_folder(tmp_path) -> None:
-    from treewise.decoder.atomic import atomic_dir
+    from treewise.decoder.records.atomic import atomic_dir
 
     out = tmp_path / "artifact"
     out.mkdir()
@@ -46,7 +46,7 @@ def test_atomic_dir_failure_keeps_the_old_folder(tmp_path) -> None:
 
 
 def test_recover_dir_undoes_or_finishes_an_interrupted_swap(tmp_path) -> None:
-    from treewise.decoder.atomic import recover_dir
+    from treewise.decoder.records.atomic import recover_dir
 
     out, old = tmp_path / "artifact", tmp_path / ".artifact.old-x1"
     old.mkdir()

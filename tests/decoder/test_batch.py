@@ -12,7 +12,7 @@ from test_architectures import build
 
 from treewise.controller import ConfidenceTree
 from treewise.decoder import Chain, NodeLogWriter, StaticTree, TreeDecoder, TreewiseError, read_node_logs
-from treewise.decoder.kvcache import BatchCache
+from treewise.decoder.cache.kvcache import BatchCache
 
 
 def _prompts(n: int, seed: int = 3) -> list[str]:

@@ -12,7 +12,7 @@ from test_architectures import build
 
 from treewise.controller import ConfidenceTree
 from treewise.decoder import NodeLogWriter, StaticTree, TreeDecoder, TreewiseError, read_node_logs
-from treewise.decoder.kvcache import BatchCache
+from treewise.decoder.cache.kvcache import BatchCache
 
 LIMITS = [40, 3, 5, 2, 30, 4, 3, 12]  # a long row, short ones that finish and make room, a long late joiner
 

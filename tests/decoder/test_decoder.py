@@ -8,7 +8,7 @@ from conftest import ARCHS, make_model
 from transformers import DynamicCache
 
 from treewise.decoder import Chain, StaticTree, TreeDecoder
-from treewise.decoder.engine import Run
+from treewise.decoder.loop.engine import Run
 from treewise.decoder.verify import Sampling
 
 SHAPES = {

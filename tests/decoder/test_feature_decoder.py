@@ -14,8 +14,8 @@ from conftest import VOCAB, make_model, make_tokenizer
 
 from treewise.controller import ConfidenceTree, Hybrid, LearnedTree
 from treewise.decoder import Chain, NodeLogWriter, StaticTree, TreeDecoder, TreewiseError, read_node_logs
+from treewise.decoder.candidates.lookup import LookupConfig
 from treewise.decoder.feature_draft import FeatureDraft
-from treewise.decoder.lookup import LookupConfig
 from treewise.decoder.policy import Candidates, Frontier, LevelPlan, RequestInfo, StepOutcome
 
 PROMPTS = ["hello world, this is", "def f(x): return x +", "a b a b a b a", "(){}[]=+ (){}[]"]

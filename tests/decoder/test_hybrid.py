@@ -89,7 +89,7 @@ def test_covered_steps_skip_the_draft_model(tokenizer) -> None:
 
 
 def test_priced_lookup_nodes_pay_for_their_verify() -> None:
-    from treewise.decoder.lookup import LookupTree
+    from treewise.decoder.candidates.lookup import LookupTree
 
     class Drafted:  # what proposals() reads of a DraftResult
         class tree:

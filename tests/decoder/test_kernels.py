@@ -10,7 +10,7 @@ from torch import nn
 
 from treewise.decoder import StaticTree, TreeDecoder
 from treewise.decoder.errors import TreewiseError
-from treewise.decoder.kernels import (
+from treewise.decoder.kernels.linears import (
     LINEARS_ENV,
     SkinnyLinear,
     choose_linears,

@@ -7,8 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers import DynamicCache
 
-from treewise.decoder.arena import ArenaCache
-from treewise.decoder.kvcache import keep_rows
+from treewise.decoder.cache.arena import ArenaCache
+from treewise.decoder.cache.kvcache import keep_rows
 
 LAYERS, HEADS, DIM = 3, 2, 4
 

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from treewise.decoder.candidates.lookup import LookupConfig, LookupIndex, LookupTree
 from treewise.decoder.errors import TreewiseError
-from treewise.decoder.lookup import LookupConfig, LookupIndex, LookupTree
 
 tokens = st.lists(st.integers(0, 3), min_size=0, max_size=40)  # a small vocabulary: many repeats
 

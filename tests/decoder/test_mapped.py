@@ -12,7 +12,7 @@ from test_sampling import P_MIN, TV_BOUND, _tv_and_p
 from transformers import AutoModelForCausalLM
 
 from treewise.decoder import StaticTree, TreeDecoder
-from treewise.decoder.mapped import MappedLlamaConfig, MappedLlamaForCausalLM, output_vocab
+from treewise.decoder.kernels.mapped import MappedLlamaConfig, MappedLlamaForCausalLM, output_vocab
 from treewise.decoder.verify import Sampling
 
 

@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from treewise.decoder import Candidates, DraftResult, DraftTree, Sampling, VerifyInput, verify
-from treewise.decoder.lookup import LookupTree
-from treewise.decoder.merge import BOTH, DRAFT, LOOKUP, merge_lookup
+from treewise.decoder.candidates.lookup import LookupTree
+from treewise.decoder.candidates.merge import BOTH, DRAFT, LOOKUP, merge_lookup
 
 V = 5
 
@@ -151,7 +151,7 @@ def test_sampled_rule_without_fixed_nodes_loses_exactness() -> None:
 
 
 def test_suffix_store_leaves_out_the_same_prompt_and_keeps_its_latest_output() -> None:
-    from treewise.decoder.lookup import LookupConfig, SuffixStore
+    from treewise.decoder.candidates.lookup import LookupConfig, SuffixStore
 
     store = SuffixStore(LookupConfig(max_tokens=12))
     store.add("code", "a", [1, 2, 3, 4])

@@ -1,4 +1,4 @@
-"""The drafter's native calls (``decoder.native``) against the code they replace: the children kernel against
+"""The drafter's native calls (``decoder.kernels.native``) against the code they replace: the children kernel against
 the numpy path's columns, ``expand`` and ``tree_arrays`` compiled against themselves as plain Python and
 against ``DraftTree.from_parents``, and whole decodes with and without the native children."""
 
@@ -10,7 +10,15 @@ from conftest import make_model
 import treewise.decoder.draft as draft
 from treewise.decoder import StaticTree, TreeDecoder
 from treewise.decoder.draft import _children, _Expanded
-from treewise.decoder.native import FLOAT_COLUMNS, INT_COLUMNS, expand, expander, kernel, tree_arrays, tree_builder
+from treewise.decoder.kernels.native import (
+    FLOAT_COLUMNS,
+    INT_COLUMNS,
+    expand,
+    expander,
+    kernel,
+    tree_arrays,
+    tree_builder,
+)
 from treewise.decoder.tree import DraftTree
 
 numba = pytest.importorskip("numba")

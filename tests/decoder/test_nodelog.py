@@ -129,7 +129,7 @@ def _one_part(dec, folder) -> "object":
 @pytest.mark.parametrize("damage", ["truncated", "garbage", "empty", "bad_page"])
 def test_damaged_part_is_named_not_a_traceback(dec, tmp_path, damage) -> None:
     from treewise.decoder import TreewiseError
-    from treewise.decoder.nodelog import part_is_readable
+    from treewise.decoder.records.nodelog import part_is_readable
 
     good = _one_part(dec, tmp_path)
     bad = tmp_path / "nodes-bad.parquet"

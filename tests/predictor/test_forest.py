@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from treewise.decoder import NodeLogWriter, StaticTree, TreeDecoder
-from treewise.decoder.nodelog import read_node_logs
+from treewise.decoder.records.nodelog import read_node_logs
 from treewise.predictor import AcceptancePredictor, select_rows
 from treewise.predictor.features import NodeRows, encode
 from treewise.predictor.forest import ForestArrays, ForestError, compiled_predict, forest_predict

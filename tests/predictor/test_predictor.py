@@ -13,7 +13,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from treewise.decoder.nodelog import SCHEMA, write_atomic
+from treewise.decoder.records.nodelog import SCHEMA, write_atomic
 from treewise.predictor import AcceptancePredictor, FeatureSchemaError, PredictorConfig, select_rows, train
 from treewise.predictor.baselines import _refit_threshold, hf_confidence_threshold
 from treewise.predictor.calibration import fit_isotonic, pool_adjacent_violators

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from treewise.decoder import TreewiseError
-from treewise.decoder.nodelog import write_atomic
+from treewise.decoder.records.nodelog import write_atomic
 from treewise.predictor import AcceptancePredictor, PredictorConfig, select_rows, train
 from treewise.predictor.synthetic import SyntheticSpec, make_synthetic_logs
 

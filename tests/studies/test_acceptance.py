@@ -6,7 +6,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from treewise.decoder.nodelog import SCHEMA
+from treewise.decoder.records.nodelog import SCHEMA
 from treewise.studies.acceptance.claims import SEED, judge_claims
 from treewise.studies.acceptance.results import DomainStats, DomainVsDepth
 from treewise.studies.acceptance.stats import (

@@ -19,7 +19,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from treewise.decoder.errors import TreewiseError
-from treewise.decoder.mapped import MappedLlamaForCausalLM
+from treewise.decoder.kernels.mapped import MappedLlamaForCausalLM
 from treewise.studies.pair.config import DistillConfig
 from treewise.studies.pair.distill import heldout, kept_tokens, load_teacher, train_draft
 from treewise.studies.pair.teacher import TeacherConfig, run_teacher

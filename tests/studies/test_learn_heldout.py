@@ -6,7 +6,7 @@ from pathlib import Path
 import typer
 from typer.testing import CliRunner
 
-from treewise.decoder.nodelog import write_atomic
+from treewise.decoder.records.nodelog import write_atomic
 from treewise.predictor.synthetic import SyntheticSpec, make_synthetic_logs
 
 

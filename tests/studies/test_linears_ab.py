@@ -6,7 +6,7 @@ from conftest import make_model
 from torch import nn
 
 from treewise.controller.latency import SIZES
-from treewise.decoder.kernels import SkinnyLinear
+from treewise.decoder.kernels.linears import SkinnyLinear
 from treewise.studies.bench.linears import linears_table, measure_linears
 
 

@@ -25,7 +25,7 @@ import re
 from itertools import zip_longest
 from pathlib import Path
 
-from treewise.decoder.atomic import atomic_path
+from treewise.decoder.records.atomic import atomic_path
 
 from .generators import pick
 from .text_generators import _record, _table

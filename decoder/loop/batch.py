@@ -18,13 +18,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from treewise.decoder.cache.kvcache import BatchCache, Feed, ModelOut
+from treewise.decoder.draft import Drafter, DraftFeeds, DraftResult
+from treewise.decoder.policy import BatchSizing, RequestInfo, TreePolicy
+from treewise.decoder.records.results import GenerationStats, StepStats
+from treewise.decoder.verify import VerifyInput
+
 from . import stages
-from .draft import Drafter, DraftFeeds, DraftResult
-from .kvcache import BatchCache, Feed, ModelOut
-from .policy import BatchSizing, RequestInfo, TreePolicy
-from .results import GenerationStats, StepStats
 from .step import Request, Run, StepCore, target_keep
-from .verify import VerifyInput
 
 
 def fresh_policy(policy: TreePolicy) -> TreePolicy:

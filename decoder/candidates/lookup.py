@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import TreewiseError
+from treewise.decoder.errors import TreewiseError
 
 Position = tuple[int, int]  # (document id, index of the token that followed the n-gram)
 

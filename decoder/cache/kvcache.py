@@ -12,9 +12,10 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import DynamicLayer
 
+from treewise.decoder.capability import AttentionLayout
+from treewise.decoder.errors import TreewiseError
+
 from .arena import ArenaCache, rows_in_place
-from .capability import AttentionLayout
-from .errors import TreewiseError
 
 
 def keep_rows(cache: DynamicCache | ArenaCache, committed: int, rows: torch.Tensor | list[int]) -> None:

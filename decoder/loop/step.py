@@ -1,6 +1,6 @@
 """What a decoding step works on: a request's state (``Request``), its settings (``Run``) and the pair
 (``StepCore``: the models and what is known about them: attention layouts, context, EOS ids, token types).
-The stages of a step, which the solo loop (engine) and the batched loop (batch) share, are ``decoder.stages``.
+The stages of a step, which the solo loop (engine) and the batched loop (batch) share, are ``decoder.loop.stages``.
 """
 
 from __future__ import annotations
@@ -12,20 +12,20 @@ import numpy as np
 import torch
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
-from .arena import ArenaCache
-from .capability import attention_layout
-from .chat import chat_ids
-from .draft import DraftResult
-from .errors import TreewiseError
-from .feature_draft import FeatureDraft
-from .loading import check_pair
-from .mapped import output_vocab
-from .merge import Proposer
-from .nodelog import NodeLogWriter
-from .policy import TreePolicy
-from .results import FinishReason, GenerationResult, GenerationStats
-from .tokentypes import token_type_table
-from .verify import Acceptance, DraftMode, Sampling, Verifier, verify
+from treewise.decoder.cache.arena import ArenaCache
+from treewise.decoder.candidates.merge import Proposer
+from treewise.decoder.capability import attention_layout
+from treewise.decoder.chat import chat_ids
+from treewise.decoder.draft import DraftResult
+from treewise.decoder.errors import TreewiseError
+from treewise.decoder.feature_draft import FeatureDraft
+from treewise.decoder.kernels.mapped import output_vocab
+from treewise.decoder.loading import check_pair
+from treewise.decoder.policy import TreePolicy
+from treewise.decoder.records.nodelog import NodeLogWriter
+from treewise.decoder.records.results import FinishReason, GenerationResult, GenerationStats
+from treewise.decoder.tokentypes import token_type_table
+from treewise.decoder.verify import Acceptance, DraftMode, Sampling, Verifier, verify
 
 
 @dataclass
@@ -222,7 +222,7 @@ def draft_keep(dr: DraftResult, acc: Acceptance, emitted: list[int]) -> list[int
 
 
 def looked_up(dr: DraftResult, acc: Acceptance) -> int:
-    """Accepted nodes a lookup proposed (source ``lookup`` or ``both``, decoder.merge)."""
+    """Accepted nodes a lookup proposed (source ``lookup`` or ``both``, decoder.candidates.merge)."""
     cols = dr.candidates.columns
     if "source" not in cols or acc.accepted == 0:
         return 0

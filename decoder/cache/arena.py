@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
-from .errors import TreewiseError
+from treewise.decoder.errors import TreewiseError
 
 _MIN_CAPACITY = 256  # positions; capacity doubles when a forward would overflow it
 

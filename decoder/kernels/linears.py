@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .errors import TreewiseError
+from treewise.decoder.errors import TreewiseError
 
 __all__ = ["LINEARS_ENV", "SkinnyLinear", "choose_linears", "skinny_pays", "swap_linears", "use_skinny_linears"]
 

@@ -16,8 +16,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from treewise.decoder.errors import TreewiseError
+
 from .atomic import atomic_path
-from .errors import TreewiseError
 
 SCHEMA_VERSION = "1"
 METADATA_KEY = b"treewise.schema_version"
@@ -32,7 +33,7 @@ TOKEN_TYPES: tuple[str, ...] = (
     "special",
 )
 
-# Who proposed a node, by code (decoder.merge): the draft model, a lookup source alone, or both.
+# Who proposed a node, by code (decoder.candidates.merge): the draft model, a lookup source alone, or both.
 SOURCES: tuple[str, ...] = ("draft", "lookup", "both")
 
 # Columns known before the verify pass: what a predictor may use as features.
@@ -57,7 +58,7 @@ FEATURE_COLUMNS: dict[str, pa.DataType] = {
     "running_accept_rate": pa.float32(),  # conditional acceptance of this request's earlier steps, NaN at step 0
     "prev_accepted": pa.int16(),  # draft tokens accepted in the previous step, -1 at step 0
     "temperature": pa.float32(),
-    # Who proposed the node (decoder.merge): "draft", "lookup" (a free candidate alone) or "both". A lookup
+    # Who proposed the node (decoder.candidates.merge): "draft", "lookup" (a free candidate alone) or "both". A lookup
     # node's draft columns are NaN (rank -1) where the draft never expanded its parent.
     "source": pa.string(),
     "lookup_prob": pa.float32(),  # share of the matched occurrences continuing with it given its parent; NaN

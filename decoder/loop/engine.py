@@ -11,18 +11,26 @@ import torch
 from pydantic import BaseModel, ConfigDict
 from transformers import PreTrainedModel
 
+from treewise.decoder.cache.arena import ArenaCache
+from treewise.decoder.draft import draft_tree
+from treewise.decoder.errors import TreewiseError
+from treewise.decoder.feature_draft import FeatureDraft
+from treewise.decoder.loading import load_pair
+from treewise.decoder.policy import RequestInfo, StaticTree, TreePolicy
+from treewise.decoder.records.nodelog import NodeLogWriter
+from treewise.decoder.records.results import (
+    PLAIN_STEP,
+    FinishReason,
+    GenerationResult,
+    GenerationStats,
+    StageTimes,
+    StepStats,
+)
+from treewise.decoder.verify import DraftMode, Sampling, VerifyInput
+
 from . import stages
-from .arena import ArenaCache
 from .batch import decode_batch, fresh_policy
-from .draft import draft_tree
-from .errors import TreewiseError
-from .feature_draft import FeatureDraft
-from .loading import load_pair
-from .nodelog import NodeLogWriter
-from .policy import RequestInfo, StaticTree, TreePolicy
-from .results import PLAIN_STEP, FinishReason, GenerationResult, GenerationStats, StageTimes, StepStats
 from .step import Request, Run, StepCore, TargetFeatures
-from .verify import DraftMode, Sampling, VerifyInput
 
 __all__ = ["DEFAULTS", "DecodeConfig", "Request", "Run", "TreeDecoder", "policy_name"]
 

@@ -7,9 +7,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .nodelog import TOKEN_TYPES, feature_columns
-from .policy import Candidates, candidate_features
-from .verify import Acceptance, row_argmax
+from treewise.decoder.policy import Candidates, candidate_features
+from treewise.decoder.records.nodelog import TOKEN_TYPES, feature_columns
+from treewise.decoder.verify import Acceptance, row_argmax
 
 
 @dataclass(frozen=True)

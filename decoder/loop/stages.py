@@ -13,14 +13,15 @@ import time
 import numpy as np
 import torch
 
-from .draft import DraftContext, DraftResult
-from .kvcache import Feed, SoloCache
+from treewise.decoder.cache.kvcache import Feed, SoloCache
+from treewise.decoder.candidates.merge import merge_lookup
+from treewise.decoder.draft import DraftContext, DraftResult
+from treewise.decoder.policy import StepOutcome
+from treewise.decoder.tree import DraftTree, chain_then_tree
+from treewise.decoder.verify import Acceptance
+
 from .logrows import RowMeta, step_rows
-from .merge import merge_lookup
-from .policy import StepOutcome
 from .step import Request, Run, StepCore, TargetForward, draft_keep, looked_up, target_keep
-from .tree import DraftTree, chain_then_tree
-from .verify import Acceptance
 
 
 def context(core: StepCore, req: Request, step: int, run: Run, batch: int = 1) -> DraftContext:

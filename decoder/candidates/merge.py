@@ -1,4 +1,4 @@
-"""Merge free candidates (``decoder.lookup``) into the step's drafted tree: one tree, shared prefixes once.
+"""Merge free candidates (``decoder.candidates.lookup``) into the step's drafted tree: one tree, shared prefixes once.
 
 Lookup nodes are appended after the draft's own nodes, parents before children, so the draft's tree indices,
 its distributions (``DraftResult.draft_probs``) and its cache slots stay as they are, and the target verifies
@@ -18,11 +18,12 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 import torch
 
-from .draft import DraftContext, DraftResult
+from treewise.decoder.draft import DraftContext, DraftResult
+from treewise.decoder.policy import Candidates
+from treewise.decoder.tree import DraftTree
+from treewise.decoder.verify import DraftMode
+
 from .lookup import LookupTree
-from .policy import Candidates
-from .tree import DraftTree
-from .verify import DraftMode
 
 DRAFT, LOOKUP, BOTH = range(3)  # codes into nodelog.SOURCES
 # The lookup columns of a candidate only the draft model proposed.
