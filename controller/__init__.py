@@ -11,8 +11,9 @@ from .domains import (
     DomainTraining,
     train_domain_classifier,
 )
+from .host import HostInfo, HostProfile, host_info, host_profile, load_or_measure, priced_by
 from .hybrid import Hybrid
-from .latency import LatencyProfile, load_or_measure, measure_latency
+from .latency import LatencyProfile, measure_latency
 from .learned import AcceptanceModel, LearnedTree
 from .policies import ConfidenceTree, DynamicChain, refit_threshold
 from .rerank import LearnedRerank
@@ -20,8 +21,8 @@ from .rerank import LearnedRerank
 __all__ = [
     "AcceptanceModel", "BudgetError", "BudgetedTree", "BudgetsFile", "ConfidenceTree", "DomainBudget",
     "DomainClassifier", "DomainClassifierConfig", "DomainClassifierError", "DomainReport", "DomainTraining",
-    "DynamicChain", "Hybrid", "LatencyProfile", "LearnedRerank", "LearnedTree", "Provenance",
-    "load_budgets", "load_or_measure",
+    "DynamicChain", "HostInfo", "HostProfile", "Hybrid", "LatencyProfile", "LearnedRerank", "LearnedTree", "Provenance",
+    "host_info", "host_profile", "load_budgets", "load_or_measure", "priced_by",
     "measure_latency", "policy_from_budget", "refit_threshold", "save_budgets", "static_from_budget",
     "train_domain_classifier",
 ]

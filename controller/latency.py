@@ -22,9 +22,6 @@ from treewise.decoder import ArenaCache, TreeDecoder, TreewiseError, tree_attent
 from treewise.decoder.cache.kvcache import BatchCache, Feed
 from treewise.decoder.capability import AttentionLayout
 from treewise.decoder.kernels.mapped import output_vocab
-from treewise.decoder.records.atomic import write_bytes_atomic
-
-from .pairs import LATENCY, PAIRS
 
 SIZES = (1, 2, 4, 8, 16, 32, 64)
 BATCH_ROWS = (1, 2, 4, 8, 16)  # the batch grid: rows ...
@@ -49,6 +46,7 @@ class LatencyProfile(BaseModel):
     threads: int
     key: str = ""
     created: str = ""
+    host: str = ""  # the host kind it was measured on (controller.host.HostInfo.key); "" before hosts were named
     # The batch grid (``measure_batch_grid``): ms of one batched forward in which each of ``batch_rows`` rows
     # feeds ``batch_sizes`` tokens, through the batched cache ``generate_batch`` uses. Empty: never measured.
     batch_rows: list[int] = []
@@ -231,25 +229,3 @@ def _config_text(model: PreTrainedModel) -> str:
     for volatile in ("_name_or_path", "transformers_version"):  # the same pair loaded from another path
         cfg.pop(volatile, None)
     return json.dumps(cfg, sort_keys=True, default=str)
-
-
-def load_or_measure(dec: TreeDecoder, cache_dir: str | Path) -> LatencyProfile:
-    """The cached profile of this pair on this device, measured (about a second) on first use.
-
-    A shipped profile (any named pair's ``latency.json``, ``controller.pairs``) wins when it was measured for this
-    very pair and device, so tuning and ``LearnedTree.default()`` use one cost model.
-    """
-    cache_dir = Path(cache_dir)
-    key = pair_key(dec.target, dec.draft)
-    for spec in PAIRS.values():
-        shipped = spec.own(LATENCY)
-        if shipped.exists():
-            profile = LatencyProfile.read(shipped)
-            if profile.key == key:
-                return profile
-    path = cache_dir / f"latency-{key}.json"
-    if path.exists():
-        return LatencyProfile.read(path)
-    profile = measure_latency(dec.target, dec.draft)
-    write_bytes_atomic(path, json.dumps(profile.model_dump(), indent=1).encode())
-    return profile

@@ -14,7 +14,7 @@ import typer
 
 from .acceptance import cli as acceptance_cli
 from .bench import cli as bench_cli
-from .bench import profile_cli
+from .bench import host_cli, profile_cli
 from .collect import cli as collect_cli
 from .learn import cli as learn_cli
 from .pair import cli as pair_cli
@@ -24,6 +24,7 @@ app = typer.Typer(no_args_is_help=True, add_completion=False, help="Domain-aware
 
 _JOBS = (
     bench_cli,  # bench, decode, latency
+    host_cli,  # host
     profile_cli,  # profile, forest-bench
     pair_cli,  # demo, train-pair, pair-report
     collect_cli,  # collect

@@ -192,6 +192,8 @@ def demo_cmd(
     target: str | None = typer.Option(None, help="Target id or folder (default: the pair's)."),
     draft: str | None = typer.Option(None, help="Draft id or folder (default: the pair's)."),
     text: bool = typer.Option(True, help="Print each prompt's generated text."),
+    host: bool = typer.Option(DemoConfig().host, help="Price trees by this host's cost curve (measured once per host "
+                              "kind, then cached); --no-host: by the pair's shipped latency.json."),
     json_out: Path | None = typer.Option(None, "--json", help="Write the rows, the pair's name and sizes as JSON."),
 ) -> None:
     """Decode test prompts per domain with a model pair: tree vs the target's own greedy decoding, checked equal."""
@@ -201,7 +203,8 @@ def demo_cmd(
     from .demo_report import print_demo
 
     hf_logging.disable_progress_bar()  # the real target's first use converts it: our progress line says so
-    cfg = DemoConfig(per_domain=per_domain, max_new_tokens=max_new_tokens, tree=tree, threads=threads, pair=pair)
+    cfg = DemoConfig(per_domain=per_domain, max_new_tokens=max_new_tokens, tree=tree, threads=threads, pair=pair,
+                     host=host)
     try:
         resolved = open_pair(console, cfg.pair, target, draft)
         with Progress(TextColumn("{task.description}"), console=console, transient=True) as progress:

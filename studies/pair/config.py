@@ -72,6 +72,7 @@ class DemoConfig(BaseModel):
     tree: str | None = None  # a tree spec overriding ``trees``
     threads: int = 2
     pair: str | None = None  # a controller.pairs name; None: $TREEWISE_PAIR, else the real pair (smollm2)
+    host: bool = True  # price trees by this host's cost curve (controller.host), else by the shipped one
 
     def tree_for(self, pair: str) -> str:
         """The tree spec the demo decodes ``pair`` with: ``tree`` when set, else the pair's shipped policy

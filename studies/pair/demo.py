@@ -12,7 +12,9 @@ from pathlib import Path
 import torch
 from pydantic import BaseModel, computed_field
 
+from treewise.controller import host_profile, priced_by
 from treewise.decoder import TreeDecoder, TreePolicy, TreewiseError
+from treewise.studies.shared.fetch import cache_root
 from treewise.studies.shared.pairs import ResolvedPair, load_pair_decoder, parameter_count
 from treewise.studies.shared.paths import data_dir
 from treewise.studies.shared.suites import Prompt, load_suite
@@ -50,6 +52,7 @@ class DemoResult(BaseModel):
     max_new_tokens: int
     borrowed: list[str]  # the pair's data files borrowed from another pair (controller.pairs.pair_files)
     rows: list[DemoRow]
+    host: str = ""  # the host and where the cost curve the policy priced trees by came from (controller.host)
 
 
 def pick_prompts(prompts: list[Prompt], per_domain: int) -> list[Prompt]:
@@ -116,11 +119,15 @@ def run_pair_demo(cfg: DemoConfig, pair: ResolvedPair, suite: Path | None = None
     spec = cfg.tree_for(pair.name)
     tree = build_tree(spec, pair.name)  # a bad spec fails before the models load
     dec = load_pair_decoder(pair, device="cpu")
+    host = ""
+    if cfg.host:  # the cost curve of this host kind, measured on first use
+        found = host_profile(dec, cache_root() / "hosts", pair.files.latency)
+        tree, host = priced_by(tree, found.profile), found.line()
     rows = demo_rows(dec, prompts, cfg, tree)
     return DemoResult(pair=pair.name, target=pair.target, draft=pair.draft, target_params=parameter_count(dec.target),
                       draft_params=parameter_count(dec.draft), chat=pair.chat,
                       tree=spec, max_new_tokens=cfg.max_new_tokens,
-                      borrowed=list(pair.files.borrowed), rows=rows)
+                      borrowed=list(pair.files.borrowed), rows=rows, host=host)
 
 
 def run_demo(cfg: DemoConfig, data: Path | None = None) -> list[DemoRow]:

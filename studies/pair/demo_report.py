@@ -14,6 +14,8 @@ def print_demo(result: DemoResult, console: Console, show_text: bool = True) -> 
     console.print(f"[bold]treewise demo[/]: {result.pair} pair, target {result.target_params / 1e6:.1f}M parameters, "
                   f"draft {result.draft_params / 1e6:.1f}M, {result.tree}, {result.max_new_tokens} new tokens"
                   + (", prompts framed by the chat template" if result.chat else ""))
+    if result.host:
+        console.print(result.host, markup=False, highlight=False)
     if show_text:
         for r in result.rows:
             mark = "[green]same as target greedy[/]" if r.same_as_plain else "[red]DIFFERS from target greedy[/]"

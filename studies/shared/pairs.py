@@ -13,11 +13,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from treewise.controller import host_profile, priced_by
 from treewise.controller.pairs import PairFiles, pair_files, pair_spec
 from treewise.decoder import TreeDecoder, TreePolicy, TreewiseError
 from treewise.decoder.paths import data_dir
 
-from .fetch import SOURCES, fetch
+from .fetch import SOURCES, cache_root, fetch
 from .paths import OWN_PAIR_POLICY, PAIR_POLICIES
 from .treespec import build_tree
 
@@ -77,7 +78,7 @@ def parameter_count(model: object) -> int:
 
 def load(pair: str | None = None, *, target: str | Path | None = None, draft: str | Path | None = None,
          policy: str | TreePolicy | None = None, device: str | None = None, chat: bool | None = None,
-         on_stage: Callable[[str], None] | None = None) -> TreeDecoder:
+         on_stage: Callable[[str], None] | None = None, host: bool = True) -> TreeDecoder:
     """A decoder whose ``generate()`` adapts by default: ``treewise.load()`` is the real pair (smollm2, its target
     fetched and converted on first use) with its shipped policy, the one ``treewise demo`` runs, each prompt's
     domain detected (``domain="auto"``).
@@ -87,7 +88,9 @@ def load(pair: str | None = None, *, target: str | Path | None = None, draft: st
     with EAGLE-2's confidence tree, which reads no shipped files. ``policy``: a tree spec (e.g.
     "static:width=2,depth=3") or a ``TreePolicy`` instead. ``chat``: frame text prompts by the target's chat
     template (None: the named pair's setting; off for a pair of your own). ``on_stage`` hears the first fetch's
-    stages (default: the "treewise" logger, at INFO)."""
+    stages (default: the "treewise" logger, at INFO). ``host``: the policy prices trees by the cost curve of
+    this host (``controller.host``: measured once per host kind, a few seconds, then cached; the pair's shipped
+    curve where it was measured on this host kind); off: by the shipped curve."""
     if pair is None and target is not None and draft is not None:
         spec, tree = _policy(policy, OWN_PAIR_POLICY, None)
         dec = TreeDecoder.from_pretrained(target, draft, device=device, chat=bool(chat))
@@ -96,6 +99,10 @@ def load(pair: str | None = None, *, target: str | Path | None = None, draft: st
     spec, tree = _policy(policy, PAIR_POLICIES[resolved.name], resolved.name)  # fails before a model loads
     dec = TreeDecoder.from_pretrained(resolved.target, resolved.draft, device=device,
                                       chat=resolved.chat if chat is None else chat)
+    if host:
+        found = host_profile(dec, cache_root() / "hosts", resolved.files.latency)
+        _log.info(found.line())
+        tree = priced_by(tree, found.profile)
     return dec.with_policy(tree, spec, domain="auto")
 
 

@@ -73,11 +73,13 @@ def test_default_reads_the_pairs_own_files(tmp_path, monkeypatch) -> None:
 def test_load_or_measure_takes_any_named_pairs_shipped_profile_of_this_pair(tmp_path, monkeypatch,
                                                                              tiny_pair_dir) -> None:
     """The real pair's profile lives in data/smollm2/, not data/: tuning must read it, not measure its own."""
-    from treewise.controller.latency import load_or_measure, pair_key
+    from treewise.controller.host import host_info, load_or_measure
+    from treewise.controller.latency import pair_key
     from treewise.decoder import TreeDecoder
 
     dec = TreeDecoder.from_pretrained(tiny_pair_dir / "target", tiny_pair_dir / "draft")
-    shipped = LatencyProfile.flat().model_copy(update={"key": pair_key(dec.target, dec.draft)})
+    shipped = LatencyProfile.flat().model_copy(update={"key": pair_key(dec.target, dec.draft),
+                                                       "host": host_info().key})
     (tmp_path / "smollm2").mkdir()
     (tmp_path / "smollm2" / "latency.json").write_text(shipped.model_dump_json())
     (tmp_path / "latency.json").write_text(LatencyProfile.flat().model_dump_json())  # another pair's

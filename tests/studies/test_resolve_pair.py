@@ -116,6 +116,21 @@ def test_demo_json_on_the_micro_pair(tiny_pair_dir: Path, data: Path) -> None:
         assert row["speedup"] == pytest.approx(row["tokens_per_s"] / row["plain_tokens_per_s"])
         assert isinstance(row["text"], str)
     assert "identical to the target's greedy output in 2/2 prompts" in " ".join(res.output.split())
+    assert got["host"].startswith("host: ") and "cost curve" in got["host"]  # priced by this host's curve
+
+
+def test_host_prints_this_host_and_the_pairs_curve_here(tiny_pair_dir: Path, data: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TREEWISE_CACHE", str(data / "cache"))
+    args = ["host", "--pair", "micro", "--target", str(tiny_pair_dir / "target"), "--draft",
+            str(tiny_pair_dir / "draft")]
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0, res.output
+    flat = " ".join(res.output.split())
+    assert flat.startswith("host: ") and "forward ms by new tokens" in flat
+    assert any(f"cost curve {s}" in flat for s in ("measured", "fallback"))  # a noisy probe falls back, and says so
+    again = CliRunner().invoke(app, [*args, "--remeasure"])
+    assert again.exit_code == 0 and "cost curve cached" not in again.output
 
 
 def test_demo_on_a_chat_pair_frames_its_prompts(chat_pair_dir: Path, data: Path) -> None:

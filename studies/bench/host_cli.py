@@ -1,0 +1,48 @@
+"""`treewise host`: the host this runs on and the cost curve the policies price trees by here (imports no torch)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from treewise.studies.shared.commands import open_pair
+from treewise.studies.shared.paths import PAIR_HELP
+
+
+def host(
+    pair: Annotated[str | None, typer.Option(help=PAIR_HELP, show_default=False)] = None,
+    target: Annotated[str | None, typer.Option(help="target id or folder (default: the pair's)")] = None,
+    draft: Annotated[str | None, typer.Option(help="draft id or folder (default: the pair's)")] = None,
+    remeasure: Annotated[bool, typer.Option("--remeasure", help="measure this host's curve again (e.g. after a "
+                                                                 "noisy first probe) and cache it")] = False,
+) -> None:
+    """This host (CPU model, ISA flags, threads) and the pair's cost curve here: shipped, cached or measured."""
+    from treewise.controller import host_profile
+    from treewise.decoder import TreewiseError
+    from treewise.studies.shared.fetch import cache_root
+    from treewise.studies.shared.pairs import load_pair_decoder
+
+    console = Console()
+    try:
+        resolved = open_pair(console, pair, target, draft, files=False)
+        dec = load_pair_decoder(resolved)
+        found = host_profile(dec, cache_root() / "hosts", resolved.files.latency, remeasure=remeasure)
+    except TreewiseError as err:
+        console.print(f"[red]error:[/red] {err}")
+        raise typer.Exit(2) from None
+    console.print(found.line(), markup=False, highlight=False)
+    profile = found.profile
+    table = Table(title=f"{resolved.name}: forward ms by new tokens (context {profile.context}, "
+                        f"{profile.threads} threads, {profile.device})")
+    for col in ("tokens", "target", "draft", "target / plain step"):
+        table.add_column(col, justify="right")
+    for n, t, d in zip(profile.sizes, profile.target_ms, profile.draft_ms, strict=True):
+        table.add_row(str(n), f"{t:.2f}", f"{d:.2f}", f"{t / profile.target_ms[0]:.2f}")
+    console.print(table)
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(host)
