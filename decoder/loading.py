@@ -24,11 +24,37 @@ _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bf
            "float16": torch.float16, "fp16": torch.float16}
 
 
-def pick_device_dtype(device: str | None, dtype: str | torch.dtype | None) -> tuple[torch.device, torch.dtype]:
-    """CUDA + bf16 when present, else CPU + float32; either can be overridden."""
+# CPU features with bfloat16 arithmetic in hardware: without them a bf16 matmul is emulated, slower than float32.
+BF16_FLAGS = ("amx_bf16", "avx512_bf16")
+PRECISIONS = ("exact", "fast")
+
+
+def cpu_flags(cpuinfo: str | None = None) -> frozenset[str]:
+    """The CPU's feature flags (Linux /proc/cpuinfo; empty where there is none)."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return frozenset()
+    for line in cpuinfo.splitlines():
+        if line.startswith("flags") and ":" in line:
+            return frozenset(line.split(":", 1)[1].split())
+    return frozenset()
+
+
+def pick_device_dtype(device: str | None, dtype: str | torch.dtype | None, precision: str | None = None,
+                      flags: frozenset[str] | None = None) -> tuple[torch.device, torch.dtype]:
+    """CUDA + bf16 when present, else CPU + float32; either can be overridden, or chosen by ``precision``:
+    "exact" float32 anywhere (tree verification then reproduces plain greedy decoding token for token), "fast"
+    bfloat16 on CUDA or on a CPU with bf16 hardware (``BF16_FLAGS``; ``flags``: the CPU's, read when None), whose
+    batched verification may round a near-tie differently from one-token steps (docs/real-pair.md)."""
     dev = torch.device(device) if device else torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise TreewiseError("device 'cuda' was asked for but no CUDA GPU is visible: use device='cpu'")
+    if precision is not None:
+        if dtype is not None:
+            raise TreewiseError(f"pass dtype or precision, not both (got dtype={dtype!r}, precision={precision!r})")
+        return dev, _precision_dtype(dev, precision, flags)
     if dtype is None:
         return dev, torch.bfloat16 if dev.type == "cuda" else torch.float32
     if isinstance(dtype, str):
@@ -38,10 +64,25 @@ def pick_device_dtype(device: str | None, dtype: str | torch.dtype | None) -> tu
     return dev, dtype
 
 
+def _precision_dtype(dev: torch.device, precision: str, flags: frozenset[str] | None) -> torch.dtype:
+    if precision not in PRECISIONS:
+        raise TreewiseError(f"unknown precision {precision!r}: use 'exact' (float32, the target's own greedy output "
+                            "token for token) or 'fast' (bfloat16 where the hardware has it)")
+    if precision == "exact":
+        return torch.float32
+    if dev.type == "cuda":
+        return torch.bfloat16
+    have = cpu_flags() if flags is None else flags
+    if not any(f in have for f in BF16_FLAGS):
+        raise TreewiseError("precision='fast' needs bfloat16 hardware (AMX-BF16 or AVX512-BF16), which this CPU "
+                            "lacks: bfloat16 would run slower than float32 here; use precision='exact'")
+    return torch.bfloat16
+
+
 def load_pair(target: str | Path, draft: str | Path, device: str | None = None,
-              dtype: str | torch.dtype | None = None, trust_remote_code: bool = False,
+              dtype: str | torch.dtype | None = None, trust_remote_code: bool = False, precision: str | None = None,
               ) -> tuple[PreTrainedModel, PreTrainedModel, PreTrainedTokenizerBase]:
-    dev, dt = pick_device_dtype(device, dtype)
+    dev, dt = pick_device_dtype(device, dtype, precision)
     tok = _load_tokenizer(target, trust_remote_code)
     draft_tok = _load_tokenizer(draft, trust_remote_code, required=False)
     if draft_tok is not None and draft_tok.get_vocab() != tok.get_vocab():

@@ -80,10 +80,13 @@ class TreeDecoder(StepCore):
     @classmethod
     def from_pretrained(cls, target: str | Path, draft: str | Path, device: str | None = None,
                         dtype: str | torch.dtype | None = None, trust_remote_code: bool = False,
-                        allow_unverified: bool = False, chat: bool = False) -> TreeDecoder:
+                        allow_unverified: bool = False, chat: bool = False,
+                        precision: str | None = None) -> TreeDecoder:
         """Load both models and the shared tokenizer (CUDA + bf16 when present, else CPU + float32); ``chat``:
-        text prompts are framed by the target's chat template as a user turn (``decoder.chat.chat_ids``)."""
-        t, d, tok = load_pair(target, draft, device=device, dtype=dtype, trust_remote_code=trust_remote_code)
+        text prompts are framed by the target's chat template as a user turn (``decoder.chat.chat_ids``);
+        ``precision``: "exact" (float32) or "fast" (bfloat16 where the hardware has it), instead of ``dtype``."""
+        t, d, tok = load_pair(target, draft, device=device, dtype=dtype, trust_remote_code=trust_remote_code,
+                              precision=precision)
         return cls(t, d, tok, allow_unverified=allow_unverified, chat=chat)
 
     @torch.inference_mode()

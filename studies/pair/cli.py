@@ -192,6 +192,9 @@ def demo_cmd(
     target: str | None = typer.Option(None, help="Target id or folder (default: the pair's)."),
     draft: str | None = typer.Option(None, help="Draft id or folder (default: the pair's)."),
     text: bool = typer.Option(True, help="Print each prompt's generated text."),
+    precision: str = typer.Option(DemoConfig().precision, help="exact (float32: the target's own greedy output token "
+                                  "for token) or fast (bfloat16 where the CPU has bf16 hardware; the demo then "
+                                  "counts how often it equals plain bf16 greedy decoding)."),
     host: bool = typer.Option(DemoConfig().host, help="Price trees by this host's cost curve (measured once per host "
                               "kind, then cached); --no-host: by the pair's shipped latency.json."),
     json_out: Path | None = typer.Option(None, "--json", help="Write the rows, the pair's name and sizes as JSON."),
@@ -204,7 +207,7 @@ def demo_cmd(
 
     hf_logging.disable_progress_bar()  # the real target's first use converts it: our progress line says so
     cfg = DemoConfig(per_domain=per_domain, max_new_tokens=max_new_tokens, tree=tree, threads=threads, pair=pair,
-                     host=host)
+                     host=host, precision=precision)
     try:
         resolved = open_pair(console, cfg.pair, target, draft)
         with Progress(TextColumn("{task.description}"), console=console, transient=True) as progress:

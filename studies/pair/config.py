@@ -73,6 +73,7 @@ class DemoConfig(BaseModel):
     threads: int = 2
     pair: str | None = None  # a controller.pairs name; None: $TREEWISE_PAIR, else the real pair (smollm2)
     host: bool = True  # price trees by this host's cost curve (controller.host), else by the shipped one
+    precision: str = "exact"  # float32; "fast": bfloat16 where the CPU has bf16 hardware (decoder.loading)
 
     def tree_for(self, pair: str) -> str:
         """The tree spec the demo decodes ``pair`` with: ``tree`` when set, else the pair's shipped policy

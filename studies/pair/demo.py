@@ -52,6 +52,7 @@ class DemoResult(BaseModel):
     max_new_tokens: int
     borrowed: list[str]  # the pair's data files borrowed from another pair (controller.pairs.pair_files)
     rows: list[DemoRow]
+    precision: str = "exact"  # exact: float32; fast: bfloat16, "same as plain" then against plain bf16 greedy
     host: str = ""  # the host and where the cost curve the policy priced trees by came from (controller.host)
 
 
@@ -118,7 +119,7 @@ def run_pair_demo(cfg: DemoConfig, pair: ResolvedPair, suite: Path | None = None
         raise TreewiseError(f"no test prompts in {suite or data_dir() / 'prompts'}: pass a suite with a test split")
     spec = cfg.tree_for(pair.name)
     tree = build_tree(spec, pair.name)  # a bad spec fails before the models load
-    dec = load_pair_decoder(pair, device="cpu")
+    dec = load_pair_decoder(pair, device="cpu", precision=cfg.precision)
     host = ""
     if cfg.host:  # the cost curve of this host kind, measured on first use
         found = host_profile(dec, cache_root() / "hosts", pair.files.latency)
@@ -127,7 +128,8 @@ def run_pair_demo(cfg: DemoConfig, pair: ResolvedPair, suite: Path | None = None
     return DemoResult(pair=pair.name, target=pair.target, draft=pair.draft, target_params=parameter_count(dec.target),
                       draft_params=parameter_count(dec.draft), chat=pair.chat,
                       tree=spec, max_new_tokens=cfg.max_new_tokens,
-                      borrowed=list(pair.files.borrowed), rows=rows, host=host)
+                      borrowed=list(pair.files.borrowed), rows=rows, host=host,
+                      precision=cfg.precision)
 
 
 def run_demo(cfg: DemoConfig, data: Path | None = None) -> list[DemoRow]:

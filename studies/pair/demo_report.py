@@ -13,7 +13,8 @@ from .demo import DemoResult, DemoRow
 def print_demo(result: DemoResult, console: Console, show_text: bool = True) -> None:
     console.print(f"[bold]treewise demo[/]: {result.pair} pair, target {result.target_params / 1e6:.1f}M parameters, "
                   f"draft {result.draft_params / 1e6:.1f}M, {result.tree}, {result.max_new_tokens} new tokens"
-                  + (", prompts framed by the chat template" if result.chat else ""))
+                  + (", prompts framed by the chat template" if result.chat else "")
+                  + (", precision fast (bfloat16, against plain bf16 greedy)" if result.precision == "fast" else ""))
     if result.host:
         console.print(result.host, markup=False, highlight=False)
     if show_text:

@@ -65,9 +65,9 @@ def _no_micro(models: Path) -> TreewiseError:
                          "set TREEWISE_DATA, or pass --target and --draft (a Hugging Face id or folder each)")
 
 
-def load_pair_decoder(pair: ResolvedPair, device: str | None = None) -> TreeDecoder:
+def load_pair_decoder(pair: ResolvedPair, device: str | None = None, precision: str | None = None) -> TreeDecoder:
     """Load ``pair``'s models; a chat pair's decoder frames text prompts by the target's chat template."""
-    return TreeDecoder.from_pretrained(pair.target, pair.draft, device=device, chat=pair.chat)
+    return TreeDecoder.from_pretrained(pair.target, pair.draft, device=device, chat=pair.chat, precision=precision)
 
 
 def parameter_count(model: object) -> int:
@@ -78,7 +78,8 @@ def parameter_count(model: object) -> int:
 
 def load(pair: str | None = None, *, target: str | Path | None = None, draft: str | Path | None = None,
          policy: str | TreePolicy | None = None, device: str | None = None, chat: bool | None = None,
-         on_stage: Callable[[str], None] | None = None, host: bool = True) -> TreeDecoder:
+         on_stage: Callable[[str], None] | None = None, host: bool = True,
+         precision: str | None = None) -> TreeDecoder:
     """A decoder whose ``generate()`` adapts by default: ``treewise.load()`` is the real pair (smollm2, its target
     fetched and converted on first use) with its shipped policy, the one ``treewise demo`` runs, each prompt's
     domain detected (``domain="auto"``).
@@ -90,15 +91,16 @@ def load(pair: str | None = None, *, target: str | Path | None = None, draft: st
     template (None: the named pair's setting; off for a pair of your own). ``on_stage`` hears the first fetch's
     stages (default: the "treewise" logger, at INFO). ``host``: the policy prices trees by the cost curve of
     this host (``controller.host``: measured once per host kind, a few seconds, then cached; the pair's shipped
-    curve where it was measured on this host kind); off: by the shipped curve."""
+    curve where it was measured on this host kind); off: by the shipped curve. ``precision``: "exact" (float32,
+    the default on CPU) or "fast" (bfloat16 where the hardware has it; ``TreeDecoder.from_pretrained``)."""
     if pair is None and target is not None and draft is not None:
         spec, tree = _policy(policy, OWN_PAIR_POLICY, None)
-        dec = TreeDecoder.from_pretrained(target, draft, device=device, chat=bool(chat))
+        dec = TreeDecoder.from_pretrained(target, draft, device=device, chat=bool(chat), precision=precision)
         return dec.with_policy(tree, spec)
     resolved = resolve_pair(pair, target, draft, on_stage=on_stage or _log.info)
     spec, tree = _policy(policy, PAIR_POLICIES[resolved.name], resolved.name)  # fails before a model loads
     dec = TreeDecoder.from_pretrained(resolved.target, resolved.draft, device=device,
-                                      chat=resolved.chat if chat is None else chat)
+                                      chat=resolved.chat if chat is None else chat, precision=precision)
     if host:
         found = host_profile(dec, cache_root() / "hosts", resolved.files.latency)
         _log.info(found.line())
