@@ -111,6 +111,9 @@ class FeatureTrainConfig(BaseModel):
     to_target: Path  # a draft folder whose kept-token map the feature draft uses (the standalone draft's)
     test: tuple[Path, ...] = ()  # features of the test split's teacher answers: the card's per-domain figures
     work: Path = Path("runs/smollm2-feature-draft")  # checkpoint (resumable)
+    # A feature draft folder a fresh run starts from (e.g. the shipped one, so training adds up across machines
+    # whose caches start empty); a checkpoint in ``work`` wins over it.
+    init: Path | None = None
     out: Path = Field(default_factory=lambda: data_dir() / "models" / "smollm2-feature-draft")  # the exported folder
     minutes: float = 40.0  # training budget across restarts
     batch_tokens: int = 4096

@@ -42,6 +42,9 @@ def train_draft_cmd(
     test: list[Path] = typer.Option([], help="--kind feature: features of the test split's teacher answers, scored "
                                     "per domain for the card (`treewise pair teacher --split test`, then "
                                     "`treewise pair features --teacher`)."),
+    init: Path | None = typer.Option(None, help="--kind feature: a feature draft folder a fresh run starts from "
+                                     "(e.g. data/models/smollm2-feature-draft), so training adds up across "
+                                     "machines; a checkpoint in --work wins."),
     teacher: Path = typer.Option(_d("teacher"), help="Shards of `treewise pair teacher`."),
     target: Path | None = typer.Option(None, help="Target folder (default: the fetched SmolLM2)."),
     work: Path | None = typer.Option(None, help="Checkpoint folder (a rerun resumes from it).", show_default=
@@ -70,7 +73,7 @@ def train_draft_cmd(
         fail(console, f"--kind {kind!r}: use standalone or feature")
     given = _given(work=work, out=out, minutes=minutes, batch_tokens=batch_tokens, lr=lr)
     if kind == "feature":
-        _train_feature(features, test, target, passes, threads, given)
+        _train_feature(features, test, target, passes, threads, given | _given(init=init))
         return
     try:
         cfg = DistillConfig(teacher=teacher, target=target or fetch(SOURCES["smollm2"]), layers=layers, vocab=vocab,

@@ -13,6 +13,7 @@ the epoch): a kill -9 loses at most the steps since the last checkpoint, and a r
 
 from __future__ import annotations
 
+import json
 import time
 import zlib
 from collections.abc import Callable
@@ -158,6 +159,8 @@ def train_feature_draft(cfg: FeatureTrainConfig, on_progress: Callable[[FeatureP
             "train_tokens": int(sum(c.predict.sum() for c in train)), "passes": cfg.passes, "lr": cfg.lr,
             "kept_tokens": run.draft.kept, "steps": run.state["step"], "epochs": run.state["epoch"],
             "cpu_minutes": round(run.state["elapsed"] / 60, 1), "threads": cfg.threads,
+            "total_cpu_minutes": round(run.state["elapsed"] / 60 + _earlier_minutes(cfg.init), 1),
+            "init": str(cfg.init) if cfg.init else None,
             "final_loss": run.state["loss"], "heldout": evaluate(run.draft, held, run.to_draft, cfg)}
     if cfg.test:
         card["test"] = evaluate(run.draft, load_features(cfg.test), run.to_draft, cfg)
@@ -189,8 +192,12 @@ def _start(cfg: FeatureTrainConfig) -> _Training:
     from transformers import AutoModelForCausalLM
 
     target = AutoModelForCausalLM.from_pretrained(cfg.target, dtype=torch.float32).eval()
-    to_target = load_file(str(cfg.to_target / "model.safetensors"))["to_target"]
-    draft = FeatureDraft.from_target(target, to_target)
+    if cfg.init is not None:  # its own kept-token map comes with it
+        draft = FeatureDraft.load(cfg.init, target).train()
+        to_target = draft.to_target.cpu()
+    else:
+        to_target = load_file(str(cfg.to_target / "model.safetensors"))["to_target"]
+        draft = FeatureDraft.from_target(target, to_target)
     to_draft = np.full(target.config.vocab_size, -1, np.int64)
     to_draft[to_target.numpy()] = np.arange(len(to_target))
     params = [p for n, p in draft.named_parameters() if "embed_tokens" not in n]
@@ -242,7 +249,9 @@ def render_card(card: dict) -> str:
              f"{card['train_conversations']:,} conversations (`treewise pair features`: ShareGPT conversations and "
              f"teacher answers, teacher-forced through the target), {card['steps']} steps, {card['epochs']} full "
              f"epochs, {card['cpu_minutes']} minutes on {card['threads']} threads, {card['passes']} passes "
-             "(the later ones fed the draft's own guesses).", "",
+             "(the later ones fed the draft's own guesses)"
+             + (f", starting from an earlier draft: {card['total_cpu_minutes']} training minutes in all."
+                if card.get("init") else "."), "",
              "Top-1 agreement with the target (pass 1: fed the target's features; later passes: the draft's own, as",
              "a tree's deeper levels are):", "",
              "| set | source | tokens | " + " | ".join(f"pass {i + 1}" for i in range(card["passes"])) + " |",
@@ -253,6 +262,14 @@ def render_card(card: dict) -> str:
             lines.append(f"| {name} | {src} | {row['tokens']} | "
                          + " | ".join(f"{a:.3f}" for a in row["top1_agreement"]) + " |")
     return "\n".join(lines) + "\n"
+
+
+def _earlier_minutes(init: Path | None) -> float:
+    """The training minutes behind the draft a run started from (its card's total)."""
+    if init is None:
+        return 0.0
+    card = json.loads((init / "feature_draft.json").read_text()).get("card", {})
+    return float(card.get("total_cpu_minutes", card.get("cpu_minutes", 0.0)))
 
 
 @torch.no_grad()

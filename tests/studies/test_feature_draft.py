@@ -153,3 +153,19 @@ def test_the_cli_gives_the_feature_draft_its_own_defaults_and_every_option(tmp_p
     cfg = feature_config([tmp_path / "f"], [], tmp_path / "t", 2, 2, given)
     assert (cfg.out, cfg.work, cfg.lr, cfg.minutes, cfg.batch_tokens) == (tmp_path / "o", tmp_path / "w", 0.003, 5.0,
                                                                           1024)
+
+
+def test_a_fresh_run_can_start_from_an_earlier_draft_and_its_minutes_add_up(chat_target, features, tmp_path) -> None:
+    from treewise.studies.pair.feature_train import _start
+
+    for run in ("a", "b"):
+        (tmp_path / run).mkdir()
+    first = train_feature_draft(config(chat_target, features, tmp_path / "a", minutes=0.05, passes=1))
+    cfg = config(chat_target, features, tmp_path / "b", minutes=0.05, passes=1, init=tmp_path / "a" / "out")
+    started = _start(cfg).draft.state_dict()
+    earlier = FeatureDraft.load(tmp_path / "a" / "out", AutoModelForCausalLM.from_pretrained(chat_target)).state_dict()
+    assert started.keys() == earlier.keys() and all(torch.equal(started[k], earlier[k]) for k in started)
+    card = train_feature_draft(cfg)
+    assert card["init"] == str(tmp_path / "a" / "out")
+    assert card["total_cpu_minutes"] == pytest.approx(first["cpu_minutes"] + card["cpu_minutes"], abs=0.11)
+    assert "training minutes in all" in (cfg.out / "README.md").read_text()
