@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 from treewise.decoder import TreeDecoder, TreePolicy
+from treewise.decoder.loading import cpu_flags
 from treewise.decoder.records.atomic import write_bytes_atomic
 
 from .latency import LatencyProfile, measure_latency, pair_key
@@ -50,10 +51,10 @@ def host_info(cpuinfo: str | None = None) -> HostInfo:
             cpuinfo = Path("/proc/cpuinfo").read_text()
         except OSError:
             cpuinfo = ""
-    fields = dict(line.split(":", 1) for line in cpuinfo.splitlines() if ":" in line)
-    fields = {k.strip(): v.strip() for k, v in fields.items()}
-    cpu = fields.get("model name") or platform.processor() or platform.machine() or "unknown CPU"
-    present = set(fields.get("flags", "").split())
+    model = next((line.split(":", 1)[1].strip() for line in cpuinfo.splitlines() if line.startswith("model name")),
+                 "")
+    cpu = model or platform.processor() or platform.machine() or "unknown CPU"
+    present = cpu_flags(cpuinfo)
     return HostInfo(cpu, tuple(f for f in ISA_FLAGS if f in present), torch.get_num_threads())
 
 
@@ -116,13 +117,13 @@ def _slug(text: str) -> str:
 
 
 def load_or_measure(dec: TreeDecoder, cache_dir: str | Path) -> LatencyProfile:
-    """The cost curve of this pair on this host (``host_profile``): any named pair's shipped ``latency.json``
-    measured for this very pair on this host kind, else the cached or freshly measured one."""
-    for spec in PAIRS.values():
-        found = host_profile(dec, Path(cache_dir), spec.own(LATENCY)) if spec.own(LATENCY).exists() else None
-        if found is not None and found.source == "shipped":
-            return found.profile
-    return host_profile(dec, Path(cache_dir)).profile
+    """The cost curve of this pair on this host (``host_profile``): the named pair's shipped ``latency.json``
+    measured for this very pair (used on this host kind, the fallback of a noisy probe elsewhere), else the
+    cached or freshly measured one."""
+    key = pair_key(dec.target, dec.draft)
+    shipped = (spec.own(LATENCY) for spec in PAIRS.values())
+    mine = next((p for p in shipped if p.exists() and LatencyProfile.read(p).key == key), None)
+    return host_profile(dec, Path(cache_dir), mine).profile
 
 
 def priced_by(policy: TreePolicy, profile: LatencyProfile) -> TreePolicy:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -104,7 +103,7 @@ class TreeDecoder(StepCore):
         req = self._new_request(self._encode(prompt, max_new_tokens), max_new_tokens)
         gen = torch.Generator().manual_seed(seed) if seed is not None else None
         run = Run(policy, sampling, draft_mode, gen, domain or self.default_domain, prompt_id, run_id, log, stream)
-        return dataclasses.replace(self._result(req, self._loop(req, run)), policy=name)
+        return self._result(req, self._loop(req, run), name)
 
     @torch.inference_mode()
     def generate_batch(self, prompts: list[str] | list[list[int]],
@@ -141,17 +140,14 @@ class TreeDecoder(StepCore):
         runs = [Run(fresh_policy(policy), sampling, draft_mode,
                      torch.Generator().manual_seed(s) if s is not None else None, d, pid, run_id, lg)
                 for s, d, pid, lg in zip(seeds, domains, ids, logs, strict=True)]
-        done = None if on_finish is None else lambda i, st: on_finish(i, self._named(reqs[i], st, name))
+        done = None if on_finish is None else lambda i, st: on_finish(i, self._result(reqs[i], st, name))
         stats = decode_batch(self, reqs, runs, max_batch, done)
-        return [self._named(r, st, name) for r, st in zip(reqs, stats, strict=True)]
+        return [self._result(r, st, name) for r, st in zip(reqs, stats, strict=True)]
 
     def _policy(self, tree: TreePolicy | None) -> tuple[TreePolicy, str]:
         if tree is None:
             return self.default_policy, self.default_policy_name
         return tree, policy_name(tree)
-
-    def _named(self, req: Request, stats: GenerationStats, name: str) -> GenerationResult:
-        return dataclasses.replace(self._result(req, stats), policy=name)
 
     def _new_request(self, ids: list[int], max_new_tokens: int) -> Request:
         room = min(self.context, len(ids) + max_new_tokens) + _TREE_ROOM  # the arena seldom has to grow

@@ -148,9 +148,10 @@ class StepCore:
         """How many positions the draft cache runs behind the sequence (``Drafter``: a feature draft's one)."""
         return 1 if self.reads_features else 0
 
-    def _result(self, req: Request, stats: GenerationStats) -> GenerationResult:
+    def _result(self, req: Request, stats: GenerationStats, policy: str) -> GenerationResult:
         text = self.tokenizer.decode(req.generated, skip_special_tokens=True)
-        return GenerationResult(text, list(req.generated), req.seq[: req.prompt_len].tolist(), req.finish, stats)
+        return GenerationResult(text, list(req.generated), req.seq[: req.prompt_len].tolist(), req.finish, stats,
+                                policy)
 
     def _encode(self, prompt: str | list[int], max_new_tokens: int) -> list[int]:
         if max_new_tokens < 1:

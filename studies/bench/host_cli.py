@@ -20,16 +20,14 @@ def host(
                                                                  "noisy first probe) and cache it")] = False,
 ) -> None:
     """This host (CPU model, ISA flags, threads) and the pair's cost curve here: shipped, cached or measured."""
-    from treewise.controller import host_profile
     from treewise.decoder import TreewiseError
-    from treewise.studies.shared.fetch import cache_root
-    from treewise.studies.shared.pairs import load_pair_decoder
+    from treewise.studies.shared.pairs import host_curve, load_pair_decoder
 
     console = Console()
     try:
         resolved = open_pair(console, pair, target, draft, files=False)
         dec = load_pair_decoder(resolved)
-        found = host_profile(dec, cache_root() / "hosts", resolved.files.latency, remeasure=remeasure)
+        found = host_curve(dec, resolved, remeasure=remeasure)
     except TreewiseError as err:
         console.print(f"[red]error:[/red] {err}")
         raise typer.Exit(2) from None

@@ -12,10 +12,9 @@ from pathlib import Path
 import torch
 from pydantic import BaseModel, computed_field
 
-from treewise.controller import host_profile, priced_by
+from treewise.controller import priced_by
 from treewise.decoder import TreeDecoder, TreePolicy, TreewiseError
-from treewise.studies.shared.fetch import cache_root
-from treewise.studies.shared.pairs import ResolvedPair, load_pair_decoder, parameter_count
+from treewise.studies.shared.pairs import ResolvedPair, host_curve, load_pair_decoder, parameter_count
 from treewise.studies.shared.paths import data_dir
 from treewise.studies.shared.suites import Prompt, load_suite
 from treewise.studies.shared.treespec import build_tree
@@ -122,7 +121,7 @@ def run_pair_demo(cfg: DemoConfig, pair: ResolvedPair, suite: Path | None = None
     dec = load_pair_decoder(pair, device="cpu", precision=cfg.precision)
     host = ""
     if cfg.host:  # the cost curve of this host kind, measured on first use
-        found = host_profile(dec, cache_root() / "hosts", pair.files.latency)
+        found = host_curve(dec, pair)
         tree, host = priced_by(tree, found.profile), found.line()
     rows = demo_rows(dec, prompts, cfg, tree)
     return DemoResult(pair=pair.name, target=pair.target, draft=pair.draft, target_params=parameter_count(dec.target),

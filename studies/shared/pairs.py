@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from treewise.controller import host_profile, priced_by
+from treewise.controller import HostProfile, host_profile, priced_by
 from treewise.controller.pairs import PairFiles, pair_files, pair_spec
 from treewise.decoder import TreeDecoder, TreePolicy, TreewiseError
 from treewise.decoder.paths import data_dir
@@ -70,6 +70,12 @@ def load_pair_decoder(pair: ResolvedPair, device: str | None = None, precision: 
     return TreeDecoder.from_pretrained(pair.target, pair.draft, device=device, chat=pair.chat, precision=precision)
 
 
+def host_curve(dec: TreeDecoder, pair: ResolvedPair, remeasure: bool = False) -> HostProfile:
+    """``pair``'s cost curve on this host (``controller.host.host_profile``), cached per host in the user cache
+    (``hosts/``), its shipped ``latency.json`` the one that counts on its own host kind."""
+    return host_profile(dec, cache_root() / "hosts", pair.files.latency, remeasure=remeasure)
+
+
 def parameter_count(model: object) -> int:
     """Distinct parameters of a loaded model (tied embeddings counted once)."""
     params = {id(p): p.numel() for p in model.parameters()}  # type: ignore[attr-defined]
@@ -102,7 +108,7 @@ def load(pair: str | None = None, *, target: str | Path | None = None, draft: st
     dec = TreeDecoder.from_pretrained(resolved.target, resolved.draft, device=device,
                                       chat=resolved.chat if chat is None else chat, precision=precision)
     if host:
-        found = host_profile(dec, cache_root() / "hosts", resolved.files.latency)
+        found = host_curve(dec, resolved)
         _log.info(found.line())
         tree = priced_by(tree, found.profile)
     return dec.with_policy(tree, spec, domain="auto")
