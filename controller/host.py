@@ -6,8 +6,8 @@ trees by is the one measured on this host kind (CPU model and the ISA flags that
 device, dtype and pair: ``HostInfo`` plus ``pair_key``): a shipped ``latency.json`` counts only where it was
 measured on this host kind; otherwise the curve is measured on first use (a few seconds) and cached per host
 in the user cache. A probe taken on a busy machine is caught by measuring twice: where the two disagree by
-more than ``NOISE`` at any size, it measures again, and a third disagreement falls back to the shipped file
-(``HostProfile.source`` says which, ``note`` why).
+more than ``NOISE`` (the median over sizes of their relative difference), it measures again, and a third
+disagreement falls back to the shipped file (``HostProfile.source`` says which, ``note`` why).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import platform
+import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,7 +31,8 @@ from .pairs import LATENCY, PAIRS
 
 # The flags whose presence changes which kernels win (docs/real-pair.md, "The cost curve").
 ISA_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_int8", "amx_tile")
-NOISE = 0.15  # the largest relative spread between two probes of one size that is trusted
+NOISE = 0.15  # the largest spread between two probes that is trusted
+JITTER_MS = 0.25  # a difference this small is dispatch jitter, whatever the forward's length
 
 
 @dataclass(frozen=True)
@@ -95,7 +97,7 @@ def host_profile(dec: TreeDecoder, cache_dir: Path, shipped: Path | None = None,
 
 
 def probe_until_steady(measure: Callable[[], LatencyProfile], host: HostInfo) -> LatencyProfile | None:
-    """Two consecutive measurements that agree within ``NOISE`` at every size (the later one kept, named by
+    """Two consecutive measurements that agree within ``NOISE`` (``spread``; the later one kept, named by
     ``host``), from at most three; None where none agree."""
     last = measure()
     for _ in range(2):
@@ -107,9 +109,12 @@ def probe_until_steady(measure: Callable[[], LatencyProfile], host: HostInfo) ->
 
 
 def spread(a: LatencyProfile, b: LatencyProfile) -> float:
-    """The largest relative difference between two profiles' target and draft times at one size."""
+    """The median over sizes (target's and draft's) of two profiles' relative difference beyond ``JITTER_MS``.
+    A busy machine shifts every size; a quiet one moves single sizes, and sub-millisecond forwards by their
+    dispatch jitter (the micro pair's 1 ms draft forwards: back-to-back probes differ by up to 16-43% at one
+    size, 5-24% in the median)."""
     pairs = zip([*a.target_ms, *a.draft_ms], [*b.target_ms, *b.draft_ms], strict=True)
-    return max(abs(x - y) / max(min(x, y), 1e-9) for x, y in pairs)
+    return statistics.median(max(abs(x - y) - JITTER_MS, 0.0) / max(min(x, y), 1e-9) for x, y in pairs)
 
 
 def _slug(text: str) -> str:

@@ -57,7 +57,7 @@ def test_a_shipped_curve_counts_only_on_the_host_kind_it_was_measured_on(dec: Tr
 
 
 def _curve(scale: float) -> LatencyProfile:
-    return LatencyProfile.flat(2.0 * scale, 0.5 * scale)
+    return LatencyProfile.flat(20.0 * scale, 5.0 * scale)  # milliseconds of a real pair's forwards
 
 
 def test_a_noisy_probe_is_refused_and_a_steady_one_kept() -> None:
