@@ -12,6 +12,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
 from treewise.studies.shared.commands import fail, option_default, user_errors
+from treewise.studies.shared.config import given
 
 from .config import DistillConfig, FeatureTrainConfig
 
@@ -71,13 +72,13 @@ def train_draft_cmd(
     hf_logging.disable_progress_bar()
     if kind not in ("standalone", "feature"):
         fail(console, f"--kind {kind!r}: use standalone or feature")
-    given = _given(work=work, out=out, minutes=minutes, batch_tokens=batch_tokens, lr=lr)
-    if kind == "feature":
-        _train_feature(features, test, target, passes, threads, given | _given(init=init))
+    chosen = given({"work": work, "out": out, "minutes": minutes, "batch_tokens": batch_tokens, "lr": lr})
+    if kind == "feature":  # each kind's config holds its own defaults for the options not given
+        _train_feature(features, test, target, passes, threads, chosen | given({"init": init}))
         return
     try:
         cfg = DistillConfig(teacher=teacher, target=target or fetch(SOURCES["smollm2"]), layers=layers, vocab=vocab,
-                            init_layers=_layers(init_layers), threads=threads, **given)
+                            init_layers=_layers(init_layers), threads=threads, **chosen)
         card = _with_bar("train-draft", cfg.minutes, lambda update: train_draft(cfg, update))
     except user_errors() as err:
         fail(console, err)
@@ -87,11 +88,6 @@ def train_draft_cmd(
                       f"{row['top1_agreement']:.3f}")
     console.print(table)
     console.print(f"{card['steps']} steps, {card['cpu_minutes']} min: {cfg.out}")
-
-
-def _given(**options: Any) -> dict[str, Any]:
-    """The options given on the command line: the rest take the chosen kind's config defaults."""
-    return {k: v for k, v in options.items() if v is not None}
 
 
 def feature_config(features: list[Path], test: list[Path], target: Path | None, passes: int, threads: int,

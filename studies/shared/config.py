@@ -1,13 +1,20 @@
 """``BenchConfig``: the settings of a timed comparison, shared by bench and tune; light, so the CLI reads its
-defaults without importing torch."""
+defaults without importing torch. ``given``: which options a command line or tree spec set."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from .paths import data_dir
+
+
+def given(options: dict[str, Any]) -> dict[str, Any]:
+    """The options (or tree-spec parameters) that were given, not left None: the rest keep their config's
+    defaults."""
+    return {k: v for k, v in options.items() if v is not None}
 
 
 class BenchConfig(BaseModel):

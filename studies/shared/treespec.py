@@ -23,6 +23,8 @@ from treewise.controller import (
 )
 from treewise.decoder import Chain, NoDraft, StaticTree, TreePolicy, TreewiseError
 
+from .config import given  # the parameters a spec named (the parser fills the others with None)
+
 
 class TreeSpecError(TreewiseError):
     """A --tree value that cannot be parsed; the message says the expected syntax."""
@@ -82,8 +84,8 @@ class TreeSpec:
     @property
     def canonical(self) -> str:
         """The spec with every parameter, in declaration order: stable across spellings."""
-        given = {k: v for k, v in self.params.items() if v is not None}
-        return f"{self.kind}:" + ",".join(f"{k}={v}" for k, v in given.items()) if given else self.kind
+        named = given(self.params)
+        return f"{self.kind}:" + ",".join(f"{k}={v}" for k, v in named.items()) if named else self.kind
 
     def build(self, pair: str | None = None) -> TreePolicy:
         """The policy; a kind that reads data files (learned, budgeted) reads model ``pair``'s (None: the default
@@ -122,7 +124,7 @@ def parse_tree_spec(text: str) -> TreeSpec:
     kind = _KINDS.get(name.strip())
     if kind is None:
         raise TreeSpecError(f"unknown tree kind {name!r} in {text!r}: use one of {_known()}")
-    given: dict[str, Any] = {}
+    written: dict[str, Any] = {}
     for item in filter(None, (s.strip() for s in rest.split(","))):
         key, eq, raw = item.partition("=")
         key = key.strip()
@@ -130,14 +132,14 @@ def parse_tree_spec(text: str) -> TreeSpec:
             raise TreeSpecError(f"tree spec {text!r}: {item!r} is not key=value; use {kind.syntax}")
         if key not in kind.params:
             raise TreeSpecError(f"tree spec {text!r}: unknown parameter {key!r}; use {kind.syntax}")
-        if key in given:
+        if key in written:
             raise TreeSpecError(f"tree spec {text!r}: {key!r} given twice")
-        given[key] = _convert(kind, key, raw.strip())
+        written[key] = _convert(kind, key, raw.strip())
     params = {}
     for key, param in kind.params.items():
-        if key not in given and param.required:
+        if key not in written and param.required:
             raise TreeSpecError(f"tree spec {text!r}: missing {key}=...; use {kind.syntax}")
-        params[key] = given.get(key, param.default)
+        params[key] = written.get(key, param.default)
     return TreeSpec(kind.name, params)
 
 
@@ -184,17 +186,12 @@ register_tree_kind(TreeKind(
 ))
 
 
-def _given(params: dict[str, Any]) -> dict[str, Any]:
-    """The parameters the spec named (the parser fills the others with None): the policy keeps its defaults."""
-    return {k: v for k, v in params.items() if v is not None}
-
-
 def _confidence(**params: Any) -> TreePolicy:
-    return ConfidenceTree(**_given(params))
+    return ConfidenceTree(**given(params))
 
 
 def _dynamic_chain(**params: Any) -> TreePolicy:
-    return DynamicChain(**_given(params))
+    return DynamicChain(**given(params))
 
 
 def _learned(online: bool | None = None, budgets: str | None = None,
@@ -217,8 +214,8 @@ def _learned(online: bool | None = None, budgets: str | None = None,
         from treewise.predictor import AcceptancePredictor
 
         policy.predictor = AcceptancePredictor.load(Path(predictor))
-    if given := _given(params):
-        policy.budgets = BudgetsFile(default=DomainBudget(policy="learned", **given))
+    if overrides := given(params):
+        policy.budgets = BudgetsFile(default=DomainBudget(policy="learned", **overrides))
     return _with_lookup(policy, True, pair) if lookup else policy
 
 
@@ -240,7 +237,7 @@ def _with_lookup(inner: TreePolicy, store: bool, pair: str | None, max_nodes: in
 
     lookup = LookupConfig(max_nodes=max_nodes or 16, max_depth=max_depth or 8)
     return Hybrid(inner, lookup, SuffixStore(lookup) if store else None, PairData.load(pair).latency,
-                  **_given(params))
+                  **given(params))
 
 
 register_tree_kind(TreeKind(

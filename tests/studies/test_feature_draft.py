@@ -143,14 +143,15 @@ def test_kill_9_mid_training_then_the_rerun_continues(chat_target, features, tmp
 
 
 def test_the_cli_gives_the_feature_draft_its_own_defaults_and_every_option(tmp_path) -> None:
-    from treewise.studies.pair.distill_cli import _given, feature_config
+    from treewise.studies.pair.distill_cli import feature_config
+    from treewise.studies.shared.config import given as _given
 
-    plain = feature_config([tmp_path / "f"], [], tmp_path / "t", 2, 2, _given(out=None, work=None, lr=None))
+    plain = feature_config([tmp_path / "f"], [], tmp_path / "t", 2, 2, _given({"out": None, "work": None, "lr": None}))
     assert plain.out.name == "smollm2-feature-draft" and plain.work == Path("runs/smollm2-feature-draft")
     fields = FeatureTrainConfig.model_fields
     assert (plain.lr, plain.minutes) == (fields["lr"].default, fields["minutes"].default) != (2e-3, 24.0)
-    given = _given(out=tmp_path / "o", work=tmp_path / "w", lr=0.003, minutes=5.0, batch_tokens=1024)
-    cfg = feature_config([tmp_path / "f"], [], tmp_path / "t", 2, 2, given)
+    chosen = _given({"out": tmp_path / "o", "work": tmp_path / "w", "lr": 0.003, "minutes": 5.0, "batch_tokens": 1024})
+    cfg = feature_config([tmp_path / "f"], [], tmp_path / "t", 2, 2, chosen)
     assert (cfg.out, cfg.work, cfg.lr, cfg.minutes, cfg.batch_tokens) == (tmp_path / "o", tmp_path / "w", 0.003, 5.0,
                                                                           1024)
 
