@@ -270,7 +270,10 @@ def latency(
     if batch or batch_only:
         profile = measure_batch_grid(dec, profile)
     write_text(out, json.dumps(profile.model_dump(), indent=1))
-    console.print(_curve_table(profile, context))
+    from .report import curve_table
+
+    console.print(curve_table(profile, f"forward latency, ms (context {context}, {profile.threads} threads, "
+                                       f"{profile.device})"))
     console.print("target: verifying a tree of that many nodes; draft: one drafting level of that many nodes")
     if profile.batch_rows:
         console.print(_grid_table(profile))
@@ -294,16 +297,6 @@ def _linears_ab(dec: TreeDecoder, context: int, decode: int, pair: str | None, c
                   f"{ab.stock_tokens_per_s:.1f} tok/s, SkinnyLinear {ab.skinny_tokens_per_s:.1f} tok/s; "
                   f"per prompt nn.Linear time / SkinnyLinear time: median {ab.ratio_median:.3f} "
                   f"(range {ab.ratio_range[0]:.2f}-{ab.ratio_range[1]:.2f}); {ab.mismatches} outputs differ")
-
-
-def _curve_table(profile: LatencyProfile, context: int) -> Table:
-    table = Table(title=f"forward latency, ms (context {context}, {profile.threads} threads, {profile.device})")
-    for col in ("tokens", "target", "draft", "target / 1-token target", "draft / 1-token target"):
-        table.add_column(col, justify="right")
-    one = profile.target_ms[0]  # sizes start at 1: the cost of a plain decoding step
-    for n, t, d in zip(profile.sizes, profile.target_ms, profile.draft_ms, strict=True):
-        table.add_row(str(n), f"{t:.2f}", f"{d:.2f}", f"{t / one:.2f}", f"{d / one:.3f}")
-    return table
 
 
 def _grid_table(profile: LatencyProfile) -> Table:

@@ -6,7 +6,6 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
-from rich.table import Table
 
 from treewise.studies.shared.commands import open_pair
 from treewise.studies.shared.paths import PAIR_HELP
@@ -23,6 +22,8 @@ def host(
     from treewise.decoder import TreewiseError
     from treewise.studies.shared.pairs import host_curve, load_pair_decoder
 
+    from .report import curve_table
+
     console = Console()
     try:
         resolved = open_pair(console, pair, target, draft, files=False)
@@ -33,13 +34,8 @@ def host(
         raise typer.Exit(2) from None
     console.print(found.line(), markup=False, highlight=False)
     profile = found.profile
-    table = Table(title=f"{resolved.name}: forward ms by new tokens (context {profile.context}, "
-                        f"{profile.threads} threads, {profile.device})")
-    for col in ("tokens", "target", "draft", "target / plain step"):
-        table.add_column(col, justify="right")
-    for n, t, d in zip(profile.sizes, profile.target_ms, profile.draft_ms, strict=True):
-        table.add_row(str(n), f"{t:.2f}", f"{d:.2f}", f"{t / profile.target_ms[0]:.2f}")
-    console.print(table)
+    console.print(curve_table(profile, f"{resolved.name}: forward ms by new tokens (context {profile.context}, "
+                                       f"{profile.threads} threads, {profile.device})"))
 
 
 def register(app: typer.Typer) -> None:

@@ -12,6 +12,8 @@ from treewise.decoder import GenerationStats
 from treewise.studies.shared.measure import BenchResult, Metrics
 
 if TYPE_CHECKING:
+    from treewise.controller import LatencyProfile
+
     from .batched import BatchBenchResult
 
 
@@ -152,3 +154,14 @@ def plot_batch_bench(result: BatchBenchResult, path: Path, title: str = "") -> P
     plt.close(fig)
     write_bytes_atomic(path, buf.getvalue())
     return path
+
+
+def curve_table(profile: LatencyProfile, title: str) -> Table:
+    """A latency profile's curve: ms by new tokens, and each against a plain step (`latency`, `host`)."""
+    table = Table(title=title)
+    for col in ("tokens", "target", "draft", "target / 1-token target", "draft / 1-token target"):
+        table.add_column(col, justify="right")
+    one = profile.target_ms[0]  # sizes start at 1: the cost of a plain decoding step
+    for n, t, d in zip(profile.sizes, profile.target_ms, profile.draft_ms, strict=True):
+        table.add_row(str(n), f"{t:.2f}", f"{d:.2f}", f"{t / one:.2f}", f"{d / one:.3f}")
+    return table
